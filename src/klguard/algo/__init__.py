@@ -1,0 +1,50 @@
+"""Pure-tensor RLHF algorithm core: KL estimators and controllers, advantages, PPO losses.
+
+No I/O, no distributed code, no model code: every function maps tensors to tensors.
+"""
+
+from klguard.algo.advantage import ADV_ESTIMATORS, GROUP_ESTIMATORS, compute_advantage, compute_gae
+from klguard.algo.kl import (
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    build_kl_controller,
+    full_kl,
+    kl_penalty,
+)
+from klguard.algo.loss import (
+    LOSS_AGG_MODES,
+    PolicyLossOutput,
+    agg_loss,
+    compute_policy_loss,
+    compute_value_loss,
+    entropy_from_logits,
+    logprobs_from_logits,
+)
+from klguard.algo.stats import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "GROUP_ESTIMATORS",
+    "KL_CONTROLLERS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "PolicyLossOutput",
+    "agg_loss",
+    "build_kl_controller",
+    "compute_advantage",
+    "compute_gae",
+    "compute_policy_loss",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "full_kl",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+]

@@ -1,0 +1,210 @@
+"""Per-token KL estimators between the policy and the reference, and KL coefficient controllers.
+
+Estimator names follow verl's ``algorithm.kl_penalty`` / ``actor.kl_loss_type``. With
+``d = logprob - ref_logprob`` and tokens sampled from the policy (Schulman, "Approximating KL"):
+``k1 = d`` (unbiased, high variance), ``k2 = d^2 / 2`` (biased, low variance),
+``k3 = exp(-d) + d - 1`` (unbiased, >= 0, low variance).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import torch
+
+_BASE_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_ESTIMATORS: tuple[str, ...] = (*_BASE_ESTIMATORS, "full", *(f"{n}+" for n in _BASE_ESTIMATORS))
+
+# verl's bounds for k3: the clamp on d keeps exp() finite, the clamp on the result keeps one
+# wild token from dominating the penalty.
+_K3_LOG_RATIO_BOUND = 20.0
+_K3_MAX = 10.0
+
+
+def _forward_kl(d: torch.Tensor, estimator: str) -> torch.Tensor:
+    if estimator in ("kl", "k1"):
+        return d
+    if estimator == "abs":
+        return d.abs()
+    if estimator in ("mse", "k2"):
+        return 0.5 * d.square()
+    # low_var_kl / k3. expm1 keeps precision for small |d|; the lower clamp at 0 removes the
+    # last-ulp negatives rounding can still produce, since the exact value is >= 0.
+    dc = d.clamp(-_K3_LOG_RATIO_BOUND, _K3_LOG_RATIO_BOUND)
+    return (torch.expm1(-dc) + dc).clamp(0.0, _K3_MAX)
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL estimate of KL(pi || pi_ref) from sampled-token log-probs.
+
+    ``X+`` returns the value of estimator X with the gradient of k2 (straight-through), i.e.
+    d/d logprob = logprob - ref_logprob, an unbiased gradient of the KL when used as a loss
+    (0 where that difference is infinite).
+    """
+    if estimator == "full":
+        raise ValueError("kl estimator 'full' needs the full logits: call full_kl(logits, ref_logits)")
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+    d = logprob - ref_logprob
+    if not estimator.endswith("+"):
+        return _forward_kl(d, estimator)
+    value = _forward_kl(d, estimator[:-1]).detach()
+    # Adds 0 in the forward pass and k2's gradient d in the backward pass. Written this way
+    # rather than k2 + (value - k2).detach() so that an overflowing d^2 cannot turn the forward
+    # value into inf - inf = NaN. An infinite d (ref gives the token probability 0) gets no
+    # gradient, like the clamped base estimators, instead of an inf that would wreck the step.
+    # Zero the non-finite d *before* the product: masking after it would still backpropagate
+    # 0 * inf = NaN.
+    d_safe = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
+    d_const = d_safe.detach()
+    return value + d_const * (d_safe - d_const)
+
+
+def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """Exact KL(softmax(logits) || softmax(ref_logits)) over the last (vocabulary) axis.
+
+    Computed in at least float32. Vocabulary entries with zero policy probability contribute 0
+    (no 0 * inf NaN); the result is clamped at 0 against rounding.
+    """
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    logp = torch.log_softmax(logits.to(dtype), dim=-1)
+    logq = torch.log_softmax(ref_logits.to(dtype), dim=-1)
+    p = logp.exp()
+    # Zero the log-ratio where p = 0 before multiplying: where() after the product would still
+    # backpropagate 0 * inf = NaN for banned (-inf) tokens.
+    log_ratio = torch.where(p > 0, logp - logq, torch.zeros((), dtype=dtype, device=p.device))
+    return (p * log_ratio).sum(dim=-1).clamp(min=0.0)
+
+
+# --------------------------------------------------------------------------- controllers
+
+
+def _check_positive(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _check_type(state: Mapping[str, Any], expected: str) -> None:
+    found = state.get("type", expected)
+    if found != expected:
+        raise ValueError(f"state_dict is for a {found!r} kl controller, not {expected!r}")
+
+
+class KLController(Protocol):
+    """What the trainer needs from a KL coefficient controller."""
+
+    value: float
+
+    def update(self, current_kl: float, n_steps: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class FixedKLController:
+    """Constant coefficient; ``update`` is a no-op."""
+
+    def __init__(self, kl_coef: float) -> None:
+        kl_coef = float(kl_coef)
+        # 0 is allowed: it is how a run disables the in-reward penalty.
+        if not math.isfinite(kl_coef) or kl_coef < 0:
+            raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """No-op: the coefficient is fixed."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"type": "fixed", "value": self.value}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _check_type(state, "fixed")
+        self.__dict__.update(FixedKLController(state["value"]).__dict__)  # re-validates
+
+
+class AdaptiveKLController:
+    """Adaptive coefficient of Ziegler et al. 2019 (arXiv:1909.08593), as verl.
+
+    ``error = clip(kl / target_kl - 1, -0.2, 0.2)``, ``value *= 1 + error * n_steps / horizon``.
+    Guards beyond verl: a non-finite KL is ignored, and the value stays in
+    ``[MIN_VALUE, MAX_VALUE]`` so it can never turn non-positive or overflow.
+    """
+
+    MIN_VALUE = 1e-8
+    MAX_VALUE = 1e4
+    MAX_ERROR = 0.2
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float) -> None:
+        self.value = min(_check_positive("init_kl_coef", init_kl_coef), self.MAX_VALUE)
+        self.target_kl = target_kl
+        self.horizon = _check_positive("horizon", horizon)
+
+    @property
+    def target_kl(self) -> float:
+        return self._target_kl
+
+    @target_kl.setter
+    def target_kl(self, target: float) -> None:
+        # A setter so callers that retarget mid-run get the same validation as __init__.
+        self._target_kl = _check_positive("target_kl", target)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """One controller step after ``n_steps`` samples whose mean KL was ``current_kl``."""
+        if n_steps < 0:
+            raise ValueError(f"n_steps must be >= 0, got {n_steps}")
+        kl = float(current_kl)
+        if not math.isfinite(kl):
+            return
+        error = min(max(kl / self._target_kl - 1.0, -self.MAX_ERROR), self.MAX_ERROR)
+        new = self.value * (1.0 + error * n_steps / self.horizon)
+        if not math.isfinite(new):
+            return
+        self.value = min(max(new, self.MIN_VALUE), self.MAX_VALUE)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "type": "adaptive",
+            "value": self.value,
+            "target_kl": self._target_kl,
+            "horizon": self.horizon,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _check_type(state, "adaptive")
+        restored = AdaptiveKLController(state["value"], state["target_kl"], state["horizon"])
+        self.__dict__.update(restored.__dict__)
+
+
+# Factories take keyword arguments and ignore the ones they do not use, so a new controller
+# (e.g. PID) only needs a new entry here.
+KLControllerFactory = Callable[..., KLController]
+
+
+def _build_fixed(*, kl_coef: float, **_: Any) -> KLController:
+    return FixedKLController(kl_coef)
+
+
+def _build_adaptive(*, kl_coef: float, target_kl: float, horizon: float, **_: Any) -> KLController:
+    return AdaptiveKLController(kl_coef, target_kl, horizon)
+
+
+KL_CONTROLLERS: dict[str, KLControllerFactory] = {"fixed": _build_fixed, "adaptive": _build_adaptive}
+
+
+def build_kl_controller(
+    type: str,  # shadows the builtin to match the verl key algorithm.kl_ctrl.type
+    kl_coef: float,
+    target_kl: float = 0.1,
+    horizon: int = 10000,
+    **kwargs: Any,
+) -> KLController:
+    """Build the controller named by ``algorithm.kl_ctrl.type`` (defaults are verl's)."""
+    factory = KL_CONTROLLERS.get(type)
+    if factory is None:
+        raise ValueError(f"unknown kl controller type {type!r}; valid: {', '.join(KL_CONTROLLERS)}")
+    return factory(kl_coef=kl_coef, target_kl=target_kl, horizon=horizon, **kwargs)

@@ -1,0 +1,201 @@
+"""PPO policy and value losses, loss aggregation, and log-prob/entropy helpers."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from klguard.algo.stats import masked_count, masked_mean, masked_sum
+
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+# verl clamps the log-ratio so exp() cannot overflow when old and new policies drift apart.
+_LOG_RATIO_BOUND = 20.0
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    norm_constant: float | None = None,
+) -> torch.Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar.
+
+    - ``token-mean``: mean over all valid tokens of the batch.
+    - ``seq-mean-token-sum``: mean over sequences of each sequence's token sum.
+    - ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
+    - ``seq-mean-token-sum-norm``: sum of all valid token losses / ``norm_constant``
+      (default ``loss_mask.shape[-1]``, the padded response length, as verl).
+
+    Sequences without a valid token are left out of the seq means, so they add no NaN and do
+    not dilute the mean. Everything is 0 when no token is valid.
+    """
+    valid = torch.broadcast_to(loss_mask != 0, loss_mat.shape)
+    if loss_agg_mode == "token-mean":
+        return masked_mean(loss_mat, valid)
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        seq_sum = masked_sum(loss_mat, valid, dim=-1)
+        seq_count = masked_count(loss_mat, valid, dim=-1)
+        per_seq = seq_sum if loss_agg_mode == "seq-mean-token-sum" else seq_sum / seq_count.clamp(min=1)
+        return masked_mean(per_seq, seq_count > 0)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        constant = float(loss_mask.shape[-1] if norm_constant is None else norm_constant)
+        if not math.isfinite(constant) or constant <= 0:
+            raise ValueError(f"norm_constant must be a positive finite number, got {norm_constant!r}")
+        return masked_sum(loss_mat, valid) / constant
+    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+
+
+class PolicyLossOutput(NamedTuple):
+    """Aggregated PPO policy loss and its (detached) diagnostics."""
+
+    pg_loss: torch.Tensor
+    pg_clipfrac: torch.Tensor
+    pg_clipfrac_lower: torch.Tensor
+    ppo_kl: torch.Tensor
+
+
+def _check_clip_args(low: float, high: float, clip_ratio_c: float) -> None:
+    if not (math.isfinite(low) and 0.0 <= low < 1.0):
+        raise ValueError(f"clip_ratio_low must be in [0, 1), got {low!r}")
+    if not (math.isfinite(high) and high >= 0.0):
+        raise ValueError(f"clip_ratio_high must be a finite number >= 0, got {high!r}")
+    if not (math.isfinite(clip_ratio_c) and clip_ratio_c > 1.0):
+        raise ValueError(f"clip_ratio_c must be a finite number > 1, got {clip_ratio_c!r}")
+
+
+def ppo_token_losses(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float = 3.0,
+    use_dual_clip: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token clipped (and optionally dual-clipped) PPO loss.
+
+    Returns ``(loss, clipped, dual_clipped)``: ``clipped`` marks tokens where the clipped
+    surrogate was the larger (chosen) loss; ``dual_clipped`` marks negative-advantage tokens
+    whose loss was capped at ``clip_ratio_c * |A|`` (Ye et al. 2020).
+    """
+    _check_clip_args(clip_low, clip_high, clip_ratio_c)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    clipped = loss_clipped > loss_unclipped
+    if not use_dual_clip:
+        return loss, clipped, torch.zeros_like(clipped)
+    # For A < 0 the clipped loss grows without bound in the ratio; the dual clip caps it.
+    loss_cap = -advantages * clip_ratio_c
+    negative = advantages < 0
+    dual_clipped = negative & (loss > loss_cap)
+    loss = torch.where(negative, torch.minimum(loss, loss_cap), loss)
+    return loss, clipped, dual_clipped
+
+
+def compute_policy_loss(
+    old_logprob: torch.Tensor,
+    logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    use_dual_clip: bool = True,
+    loss_agg_mode: str = "token-mean",
+) -> PolicyLossOutput:
+    """PPO clipped surrogate loss (verl's ``vanilla`` policy loss), aggregated by ``loss_agg_mode``.
+
+    ``ratio = exp(clamp(logprob - old_logprob, -20, 20))``, clipped to
+    ``[1 - clip_ratio_low, 1 + clip_ratio_high]`` (each defaults to ``clip_ratio``).
+    Diagnostics are masked means over valid tokens: ``pg_clipfrac`` (clipped term chosen),
+    ``pg_clipfrac_lower`` (dual clip active; as verl, the denominator is all valid tokens),
+    ``ppo_kl`` (mean of ``old_logprob - logprob``, the k1 estimate of KL(old || new)).
+    """
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    log_ratio = (logprob - old_logprob).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    ratio = torch.exp(log_ratio)
+    loss_mat, clipped, dual_clipped = ppo_token_losses(ratio, advantages, low, high, clip_ratio_c, use_dual_clip)
+    pg_loss = agg_loss(loss_mat, response_mask, loss_agg_mode)
+    with torch.no_grad():
+        dtype = loss_mat.dtype
+        pg_clipfrac = masked_mean(clipped.to(dtype), response_mask)
+        pg_clipfrac_lower = masked_mean(dual_clipped.to(dtype), response_mask)
+        ppo_kl = masked_mean(old_logprob - logprob, response_mask)
+    return PolicyLossOutput(pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl)
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    cliprange_value: float = 0.5,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss ``0.5 * max((v - R)^2, (clip(v, old - c, old + c) - R)^2)``, as verl.
+
+    Returns ``(vf_loss, vf_clipfrac)``; the clip fraction is the share of valid tokens where
+    the clipped term was the larger one.
+    """
+    if not (math.isfinite(cliprange_value) and cliprange_value >= 0):
+        raise ValueError(f"cliprange_value must be a finite number >= 0, got {cliprange_value!r}")
+    vpred_clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
+    loss_unclipped = (vpreds - returns) ** 2
+    loss_clipped = (vpred_clipped - returns) ** 2
+    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), response_mask, loss_agg_mode)
+    with torch.no_grad():
+        vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).to(vpreds.dtype), response_mask)
+    return vf_loss, vf_clipfrac
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    # bf16/fp16 logits lose too much precision in softmax sums; compute in >= float32.
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
+    """Per-position entropy of ``softmax(logits)`` over the last axis: ``logsumexp - sum(p * x)``.
+
+    Rows are processed ``chunk_size`` at a time so the float32 temporaries stay bounded at
+    ``chunk_size * V`` regardless of the batch size. ``-inf`` logits (banned tokens) are fine.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = []
+    for chunk in flat.split(chunk_size):
+        x = _upcast(chunk)
+        p = torch.softmax(x, dim=-1)
+        # Zero -inf logits (p = 0) before the product so neither value nor gradient is 0 * inf.
+        x_safe = torch.where(p > 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        parts.append(torch.logsumexp(x, dim=-1) - (p * x_safe).sum(dim=-1))
+    out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=_upcast(flat).dtype)
+    return out.reshape(logits.shape[:-1])
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
+    """Log-probability of ``labels`` under ``softmax(logits)``: ``logits[label] - logsumexp``.
+
+    Never materialises a full log-softmax; rows go ``chunk_size`` at a time (see
+    ``entropy_from_logits``). ``labels`` has the shape of ``logits`` without the last axis.
+    """
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} != logits shape {tuple(logits.shape)}[:-1]")
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1, 1).long()
+    parts = []
+    for chunk, lab in zip(flat.split(chunk_size), flat_labels.split(chunk_size), strict=True):
+        x = _upcast(chunk)
+        parts.append(x.gather(-1, lab).squeeze(-1) - torch.logsumexp(x, dim=-1))
+    out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=_upcast(flat).dtype)
+    return out.reshape(labels.shape)

@@ -1,0 +1,100 @@
+"""Command line: `klguard train|sft [--config FILE] [key=value ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from klguard import __version__
+from klguard.errors import UserError
+
+EPILOG = (
+    "Overrides use verl's dotted syntax, e.g. algorithm.kl_ctrl.kl_coef=0.1 "
+    "trainer.logger='[\"console\",\"tensorboard\"]'. `klguard train --print-config` shows every key."
+)
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (verl's key tree)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="klguard",
+        description="PPO for RLHF of causal LMs with KL control calibrated to stop reward hacking.",
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"klguard {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    train = sub.add_parser("train", help="PPO training (no arguments: the built-in reward-hacking demo)",
+                           epilog=EPILOG)
+    _add_config_args(train)
+    sft = sub.add_parser("sft", help="supervised warm start of the built-in tiny policy (cached)", epilog=EPILOG)
+    _add_config_args(sft)
+    return parser
+
+
+def _load(args: argparse.Namespace):
+    from klguard.config import config_to_yaml, load_config
+
+    loaded = load_config(args.config, args.overrides)
+    if loaded.ignored_verl_keys:
+        keys = ", ".join(loaded.ignored_verl_keys)
+        print(f"klguard: warning: verl keys not used by klguard, ignored: {keys}", file=sys.stderr)
+    if args.print_config:
+        print(config_to_yaml(loaded.config), end="")
+        return None
+    return loaded.config
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 0
+    from klguard.run import train
+
+    train(config)
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 0
+    from klguard.sft import ensure_sft_policy
+
+    path = ensure_sft_policy(config.sft, force=True)
+    print(f"SFT policy written to {path}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"train": _cmd_train, "sft": _cmd_sft}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"klguard: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("klguard: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # an internal error: one line unless --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"klguard: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

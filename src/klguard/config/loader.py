@@ -1,0 +1,204 @@
+"""Build the run's Config: built-in defaults < --config FILE.yaml < dotted `a.b.c=value` overrides.
+
+verl keys that klguard does not implement are accepted and reported once, in one warning; keys that
+are neither ours nor verl's are errors that name the key and the closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Iterator, Sequence
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from klguard.config.schema import Config
+from klguard.config.validate import validate
+from klguard.errors import ConfigError
+
+# Hydra's list of config groups at the top of verl's YAML files: meaningless here.
+_HYDRA_KEYS = ("defaults", "hydra")
+
+
+@dataclasses.dataclass
+class LoadedConfig:
+    config: Config
+    ignored_verl_keys: list[str]
+
+
+def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> LoadedConfig:
+    """Resolve and validate the configuration; raises ConfigError with a one-line message."""
+    layers = []
+    if config_file is not None:
+        layers.append(_read_yaml(Path(config_file)))
+    if overrides:
+        layers.append(_parse_overrides(overrides))
+    ignored: list[str] = []
+    kept_layers = [_filter_known_keys(layer, ignored) for layer in layers]
+    merged = OmegaConf.structured(Config)
+    try:
+        for layer in kept_layers:
+            merged = OmegaConf.merge(merged, layer)
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_message(exc)) from None
+    validate(config)
+    return LoadedConfig(config=config, ignored_verl_keys=sorted(set(ignored)))
+
+
+def config_to_yaml(config: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def config_to_dict(config: Config) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {path}{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+_OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w.]*)=(.*)$", re.DOTALL)
+
+
+def _parse_overrides(overrides: Sequence[str]) -> dict:
+    """verl/Hydra syntax: `a.b=1`, `+a.b=1`, `++a.b=1`, values parsed as YAML (lists, null, numbers)."""
+    tree: dict = {}
+    for item in overrides:
+        match = _OVERRIDE.match(item)
+        if not match:
+            raise ConfigError(f"override '{item}' is not of the form key.path=value")
+        key, raw = match.groups()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{item}' conflicts with an earlier value of {part}")
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def _flatten(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, path + ".")
+        else:
+            yield path, value
+
+
+def _filter_known_keys(layer: dict, ignored: list[str]) -> dict:
+    """Keep our keys, collect verl-only keys in `ignored`, raise on unknown keys."""
+    ours, free_form = _schema_keys()
+    kept: dict = {}
+    for key, value in _flatten(layer):
+        top = key.split(".")[0]
+        if key in ours or _under(key, free_form) or (isinstance(value, dict) and key in free_form):
+            _set(kept, key, value)
+        elif top in _HYDRA_KEYS or key in _verl_keys() or _under(key, _verl_keys()):
+            ignored.append(key)
+        else:
+            raise ConfigError(_unknown_key_message(key, ours))
+    return kept
+
+
+def _under(key: str, prefixes: set[str] | frozenset[str]) -> bool:
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in prefixes for i in range(1, len(parts)))
+
+
+def _set(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[parts[-1]] = value
+
+
+def _unknown_key_message(key: str, ours: frozenset[str]) -> str:
+    candidates = sorted(ours | _verl_keys())
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    if not close:  # compare the last part: `actor.clip_ratoi` -> `...actor.clip_ratio`
+        leaf = key.rsplit(".", 1)[-1]
+        leaves = {c.rsplit(".", 1)[-1]: c for c in sorted(ours)}
+        close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.75)]
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown config key {key}{hint}"
+
+
+@cache
+def _schema_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """All leaf keys of the schema, and the keys of free-form dict fields (whose sub-keys are the user's)."""
+    leaves: set[str] = set()
+    free_form: set[str] = set()
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            path = f"{prefix}{f.name}"
+            if dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
+                walk(f.type, path + ".")
+                continue
+            sub = _dataclass_type(cls, f.name)
+            if sub is not None:
+                walk(sub, path + ".")
+                continue
+            leaves.add(path)
+            if f.type in ("dict", dict):
+                free_form.add(path)
+
+    walk(Config, "")
+    return frozenset(leaves), frozenset(free_form)
+
+
+def _dataclass_type(cls: type, name: str) -> type | None:
+    default = next(f for f in dataclasses.fields(cls) if f.name == name).default_factory
+    if default is not dataclasses.MISSING and isinstance(default, type) and dataclasses.is_dataclass(default):
+        return default
+    return None
+
+
+@cache
+def _verl_keys() -> frozenset[str]:
+    text = resources.files("klguard").joinpath("resources/verl_keys.txt").read_text()
+    keys = set()
+    for line in text.splitlines():
+        if line.startswith("#") or " = " not in line:
+            continue
+        keys.add(line.split(" = ", 1)[0].strip())
+    return frozenset(keys)
+
+
+def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None) or ""
+    msg = str(getattr(exc, "msg", "") or exc).splitlines()[0]
+    value = getattr(exc, "value", None)
+    if "Value '" in msg and "could not be converted" in msg:
+        expected = msg.rsplit("to ", 1)[-1].rstrip(".")
+        return f"{key}={value!r} is not a valid {expected}"
+    if "Incompatible value" in msg or "Cannot assign" in msg:
+        return f"{key}={value!r} has the wrong type: {msg}"
+    return f"{key}: {msg}" if key else msg

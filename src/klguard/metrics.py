@@ -1,0 +1,81 @@
+"""Step and validation metrics with verl's names, plus our `hacking/*` family.
+
+Hacking rate: the share of responses that gold says are wrong (gold score 0) while the proxy scores
+them at least as high as the short correct answer to the same prompt would score.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+from klguard.algo.stats import masked_mean
+
+
+def _stats(name: str, x: Tensor, mask: Tensor | None = None) -> dict[str, float]:
+    if mask is not None:
+        valid = x[mask.bool()]
+        mean = masked_mean(x, mask).item()
+    else:
+        valid, mean = x, x.float().mean().item()
+    if valid.numel() == 0:
+        return {f"{name}/mean": mean}
+    return {f"{name}/mean": mean, f"{name}/max": valid.max().item(), f"{name}/min": valid.min().item()}
+
+
+def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, advantages: Tensor, returns: Tensor,
+                    values: Tensor | None, mask: Tensor) -> dict[str, float]:
+    lengths = out.response_lengths.float()
+    max_len = mask.shape[1]
+    metrics = {
+        **_stats("critic/score", token_scores.sum(-1)),
+        **_stats("critic/rewards", token_rewards.sum(-1)),
+        **_stats("critic/advantages", advantages, mask),
+        **_stats("critic/returns", returns, mask),
+        **_stats("response_length", lengths),
+        "response_length/clip_ratio": (lengths >= max_len).float().mean().item(),
+        **_stats("prompt_length", out.prompt_mask.sum(-1).float()),
+    }
+    if values is not None:
+        metrics |= _stats("critic/values", values, mask)
+    if reward.gold is not None:
+        gold, proxy = reward.gold.float(), reward.scores.float()
+        metrics |= {
+            "hacking/gold_score": gold.mean().item(),
+            "hacking/proxy_score": proxy.mean().item(),
+            "hacking/gap": (proxy - gold).mean().item(),
+            "hacking/rate": reward.hacked.float().mean().item(),
+            "hacking/length_reward_corr": _corr(lengths, proxy),
+        }
+    return metrics
+
+
+def _corr(x: Tensor, y: Tensor) -> float:
+    """Pearson correlation, 0 when either side is constant."""
+    x, y = x.float() - x.float().mean(), y.float() - y.float().mean()
+    denom = (x.square().sum() * y.square().sum()).sqrt()
+    return 0.0 if denom == 0 else float((x * y).sum() / denom)
+
+
+def validation_metrics(results: list, n: int) -> dict[str, float]:
+    """`val-core/<data_source>/acc/mean@n` is the gold score where one exists, else the score."""
+    by_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    lengths: list[float] = []
+    for rows, out, reward in results:
+        lengths += out.response_lengths.float().tolist()
+        gold = reward.gold if reward.gold is not None else reward.scores
+        for i, row in enumerate(rows):
+            entry = by_source[row.data_source]
+            entry["acc"].append(float(gold[i]))
+            entry["score"].append(float(reward.scores[i]))
+            if reward.hacked is not None:
+                entry["hacking_rate"].append(float(reward.hacked[i]))
+    metrics: dict[str, float] = {"val-aux/response_length/mean": sum(lengths) / max(1, len(lengths))}
+    for source, entry in by_source.items():
+        metrics[f"val-core/{source}/acc/mean@{n}"] = float(torch.tensor(entry["acc"]).mean())
+        for key in ("score", "hacking_rate"):
+            if entry[key]:
+                metrics[f"val-aux/{source}/{key}/mean@{n}"] = float(torch.tensor(entry[key]).mean())
+    return metrics

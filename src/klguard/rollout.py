@@ -1,0 +1,192 @@
+"""Batched rollout sampling with a KV cache, and log-prob recomputation for PPO.
+
+``generate`` runs a manual decode loop over any Hugging Face causal LM (its own ``DynamicCache``),
+handling left-padded prompts via explicit ``position_ids`` so a padded row behaves exactly like the
+same prompt alone. ``compute_logprobs`` recomputes response log-probs with one forward pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["RolloutBatch", "compute_logprobs", "filter_logits", "generate", "position_ids_from_mask"]
+
+
+@dataclass
+class RolloutBatch:
+    """Everything PPO needs from one rollout; response tensors have fixed width ``max_new_tokens``."""
+
+    prompt_ids: Tensor  # [B, P] left-padded
+    prompt_mask: Tensor  # [B, P]
+    response_ids: Tensor  # [B, R] right-padded with pad_token_id after EOS
+    response_mask: Tensor  # [B, R] 1 up to and including EOS
+    old_logprobs: Tensor  # [B, R] log_softmax(logits / T) of the sampled token (pre top-k/top-p); 0 if masked
+    response_lengths: Tensor  # [B]
+
+    @property
+    def input_ids(self) -> Tensor:
+        """Prompt followed by response, ``[B, P + R]``."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """Mask matching :attr:`input_ids`."""
+        return torch.cat([self.prompt_mask, self.response_mask.to(self.prompt_mask.dtype)], dim=1)
+
+
+@functools.cache
+def _forward_kwargs(model_cls: type) -> tuple[str, str | None]:
+    """Names of the cache argument and of the logits-slicing argument of ``model_cls.forward``."""
+    params = inspect.signature(model_cls.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+    return cache_kw, keep_kw
+
+
+def _new_cache(model: torch.nn.Module) -> object:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def position_ids_from_mask(mask: Tensor) -> Tensor:
+    """Positions for left-padded rows: ``cumsum(mask) - 1`` clamped at 0."""
+    return (mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+def _forward_logits(model: torch.nn.Module, ids: Tensor, mask: Tensor, pos: Tensor, keep: int,
+                    cache: object | None = None) -> Tensor:
+    """Logits of the last ``keep`` positions (only those go through the LM head when supported)."""
+    cache_kw, keep_kw = _forward_kwargs(type(model))
+    kwargs: dict = {"attention_mask": mask, "position_ids": pos, "use_cache": cache is not None}
+    if cache is not None:
+        kwargs[cache_kw] = cache
+    if keep_kw is not None:
+        kwargs[keep_kw] = keep
+    logits = model(input_ids=ids, **kwargs).logits
+    return logits[:, -keep:]
+
+
+def filter_logits(logits: Tensor, top_k: int = -1, top_p: float = 1.0) -> Tensor:
+    """Top-k then top-p (nucleus) filtering, vLLM/verl semantics; removed entries become ``-inf``."""
+    vocab = logits.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, dim=-1)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        remove = cum <= (1.0 - top_p)
+        remove[..., -1] = False  # always keep the most likely token
+        logits = logits.masked_fill(remove.scatter(-1, idx, remove), float("-inf"))
+    return logits
+
+
+def _pick(logits: Tensor, greedy: bool, temperature: float, top_k: int, top_p: float,
+          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Choose next tokens ``[B]`` and return them with their (pre-filter) log-probs ``[B]``."""
+    logits = logits.float()
+    if greedy:
+        logp = torch.log_softmax(logits, -1)
+        tok = logits.argmax(-1)
+    else:
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, -1)
+        filtered = top_k > 0 or top_p < 1.0
+        probs = filter_logits(logits, top_k, top_p).softmax(-1) if filtered else logp.exp()
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
+             eos_token_id: int | list[int], pad_token_id: int, temperature: float = 1.0, top_k: int = -1,
+             top_p: float = 1.0, do_sample: bool = True, ignore_eos: bool = False,
+             generator: torch.Generator | None = None) -> RolloutBatch:
+    """Sample up to ``max_new_tokens`` per left-padded prompt using the model's KV cache.
+
+    ``do_sample=False`` or ``temperature <= 0`` is greedy. The decode loop runs under
+    ``torch.inference_mode``; the returned tensors are ordinary (cloned outside it) so the trainer
+    can use them in autograd-tracked computations (e.g. embedding lookups in the PPO update).
+    """
+    with torch.inference_mode():
+        out = _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
+                      temperature, top_k, top_p, do_sample, ignore_eos, generator)
+    response, resp_mask, logprobs = (t.clone() for t in out)
+    return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, logprobs, resp_mask.sum(-1))
+
+
+def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: int,
+            eos_token_id: int | list[int], pad_token_id: int, temperature: float, top_k: int, top_p: float,
+            do_sample: bool, ignore_eos: bool, generator: torch.Generator | None
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """The KV-cache decode loop; returns ``(response_ids, response_mask, old_logprobs)``."""
+    bsz, plen = prompt_ids.shape
+    dev = prompt_ids.device
+    greedy = not do_sample or temperature <= 0
+    eos = torch.as_tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=dev)
+    # Preallocated buffers; every step writes one column, nothing grows.
+    response = torch.full((bsz, R), pad_token_id, dtype=torch.long, device=dev)
+    logprobs = torch.zeros(bsz, R, dtype=torch.float32, device=dev)
+    resp_mask = torch.zeros(bsz, R, dtype=torch.long, device=dev)
+    attn = torch.ones(bsz, plen + R, dtype=prompt_mask.dtype, device=dev)
+    attn[:, :plen] = prompt_mask
+    # Position of response token t is (#valid prompt tokens + t); precomputed so steps only slice.
+    resp_pos = prompt_mask.long().sum(-1, keepdim=True) + torch.arange(R, device=dev)
+    alive = torch.ones(bsz, dtype=torch.bool, device=dev)
+    cache = _new_cache(model)
+    pick = functools.partial(_pick, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+                             generator=generator)
+    logits = _forward_logits(model, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), 1, cache)
+    for t in range(R):
+        tok, lp = pick(logits[:, -1])
+        response[:, t] = tok.masked_fill_(~alive, pad_token_id)
+        logprobs[:, t] = lp.masked_fill_(~alive, 0.0)
+        resp_mask[:, t] = alive
+        if not ignore_eos:
+            alive &= ~torch.isin(tok, eos)
+            if not alive.any():
+                break
+        if t + 1 < R:
+            logits = _forward_logits(model, response[:, t : t + 1], attn[:, : plen + t + 1],
+                                     resp_pos[:, t : t + 1], 1, cache)
+    return response, resp_mask, logprobs
+
+
+def _entropy(logits: Tensor) -> Tensor:
+    """Entropy of ``softmax(logits)`` along the last dim, stable for very negative logits."""
+    return torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
+
+
+def compute_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
+                     temperature: float = 1.0, *, micro_batch_size: int | None = None,
+                     return_entropy: bool = False, return_logits: bool = False
+                     ) -> Tensor | tuple[Tensor, ...]:
+    """Log-probs ``[B, R]`` of the last ``R = response_length`` tokens of ``input_ids`` (one forward each
+    micro-batch). Returns ``logprobs`` or ``(logprobs, [entropy], [logits])`` when extras are requested."""
+    R = response_length
+    bsz = input_ids.shape[0]
+    mbs = micro_batch_size or bsz
+    outs: list[tuple[Tensor, ...]] = []
+    for s in range(0, bsz, mbs):
+        ids, mask = input_ids[s : s + mbs], attention_mask[s : s + mbs]
+        logits = _forward_logits(model, ids, mask, position_ids_from_mask(mask), R + 1)[:, :-1].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp_all = torch.log_softmax(logits, -1)
+        part: tuple[Tensor, ...] = (logp_all.gather(-1, ids[:, -R:, None]).squeeze(-1),)
+        if return_entropy:
+            part += (_entropy(logits),)
+        if return_logits:
+            part += (logits,)
+        outs.append(part)
+    result = tuple(torch.cat(xs, dim=0) for xs in zip(*outs, strict=True))
+    return result[0] if len(result) == 1 else result

@@ -1,0 +1,83 @@
+"""`klguard train`: a trainer, its trackers, a live progress bar and the closing summary."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tqdm import tqdm
+
+from klguard.config import Config, config_to_dict
+from klguard.tracking import Tracking
+from klguard.trainer import PPOTrainer
+
+SUMMARY_KEYS = (
+    ("val-core gold acc", "val-core/"), ("proxy score", "hacking/proxy_score"), ("gold score", "hacking/gold_score"),
+    ("hacking rate", "hacking/rate"), ("response length", "response_length/mean"),
+    ("KL per token", "actor/reward_kl_penalty"), ("KL coefficient", "actor/reward_kl_penalty_coeff"),
+)
+
+
+def _pick(metrics: dict[str, float], key: str) -> float | None:
+    if key.endswith("/"):
+        found = [v for k, v in sorted(metrics.items()) if k.startswith(key) and "/acc/" in k]
+        return found[0] if found else None
+    return metrics.get(key)
+
+
+def _progress_callback(bar: tqdm):
+    def update(step: int, metrics: dict[str, float]) -> None:
+        bar.n = step
+        bar.set_postfix({
+            "gold": f"{metrics.get('hacking/gold_score', float('nan')):.2f}",
+            "proxy": f"{metrics.get('critic/score/mean', float('nan')):.2f}",
+            "kl": f"{metrics.get('actor/reward_kl_penalty', float('nan')):.4f}",
+            "beta": f"{metrics.get('actor/reward_kl_penalty_coeff', float('nan')):.3g}",
+            "len": f"{metrics.get('response_length/mean', float('nan')):.1f}",
+        }, refresh=False)
+        bar.refresh()
+    return update
+
+
+def train(config: Config) -> dict[str, float]:
+    """Run PPO as configured; returns the last step's metrics."""
+    def log(msg: str) -> None:
+        tqdm.write(msg, file=sys.stderr)
+
+    trainer = PPOTrainer(config, log=log)
+    tracker = Tracking(config.trainer.logger, trainer.run_dir, project=config.trainer.project_name,
+                       experiment=config.trainer.experiment_name, config=config_to_dict(config))
+    first: dict[str, float] = {}  # each metric's first value, the summary's "start" column
+    real_log = tracker.log
+
+    def log_and_keep_first(metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            first.setdefault(key, value)
+        real_log(metrics, step)
+
+    tracker.log = log_and_keep_first
+    bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, desc="klguard train", unit="step",
+               disable=not config.trainer.progress_bar, file=sys.stderr, dynamic_ncols=True)
+    try:
+        last = trainer.fit(tracker, progress=_progress_callback(bar))
+    finally:
+        bar.close()
+        tracker.close()
+    _print_summary(first, last, trainer)
+    (trainer.run_dir / "summary.json").write_text(json.dumps({"first": first, "last": last},
+                                                             indent=1, sort_keys=True))
+    return last
+
+
+def _print_summary(first: dict[str, float], last: dict[str, float], trainer: PPOTrainer) -> None:
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    print(f"\n{'metric':<22}{'start':>12}{'end':>12}")
+    for label, key in SUMMARY_KEYS:
+        print(f"{label:<22}{fmt(_pick(first, key)):>12}{fmt(_pick(last, key)):>12}")
+    print(f"\nrun directory: {trainer.run_dir.resolve()}")
+    print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}   config: {trainer.run_dir / 'config.yaml'}")
+    latest = trainer.state.manager.latest()
+    if latest is not None:
+        print(f"  latest checkpoint: {latest}")

@@ -1,0 +1,84 @@
+"""What a checkpoint holds and how a run resumes from it, so resume equals an uninterrupted run.
+
+Saved: policy and critic as HF folders, optimizer and LR-schedule states, the KL controller, the
+prompt sampler's position, every RNG and the step counter.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from klguard.checkpoint import CheckpointManager, load_state, load_tensors, save_tensors
+from klguard.errors import UserError
+
+if TYPE_CHECKING:
+    from klguard.trainer import PPOTrainer
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+class RunState:
+    def __init__(self, run_dir: Path, max_to_keep: int | None) -> None:
+        self.manager = CheckpointManager(run_dir, max_to_keep)
+
+    def find_resume_checkpoint(self, mode: str, path: str | None) -> Path | None:
+        if mode == "disable":
+            return None
+        if mode == "resume_path":
+            folder = Path(path).expanduser()
+            if not (folder / "trainer_state.json").is_file():
+                raise UserError(f"trainer.resume_from_path={path} is not a klguard checkpoint (no trainer_state.json)")
+            return folder
+        return self.manager.latest()
+
+    def save(self, trainer: PPOTrainer) -> Path:
+        def write(folder: Path) -> None:
+            trainer.actor.save_pretrained(folder / "actor", safe_serialization=True)
+            trainer.tokenizer.save_pretrained(folder / "actor")
+            save_tensors(trainer.actor_optim.state_dict(), folder / "actor_optim.pt")
+            if trainer.critic is not None:
+                trainer.critic.save_pretrained(folder / "critic", safe_serialization=True)
+                save_tensors(trainer.critic_optim.state_dict(), folder / "critic_optim.pt")
+
+        state = {
+            "global_step": trainer.global_step,
+            "kl_ctrl": trainer.kl_ctrl.state_dict(),
+            "sampler": trainer.sampler.state_dict(),
+            "actor_sched": trainer.actor_sched.state_dict(),
+            "critic_sched": trainer.critic_sched.state_dict() if trainer.critic_sched else None,
+            "rng": rng_state(),
+        }
+        return self.manager.save(trainer.global_step, write, state)
+
+    def restore(self, folder: Path, trainer: PPOTrainer) -> int:
+        """Load optimizer, schedule, controller, sampler and RNG state; models are loaded by the caller."""
+        state = load_state(folder)
+        trainer.actor_optim.load_state_dict(load_tensors(folder / "actor_optim.pt"))
+        trainer.actor_sched.load_state_dict(state["actor_sched"])
+        if trainer.critic is not None:
+            trainer.critic_optim.load_state_dict(load_tensors(folder / "critic_optim.pt"))
+            trainer.critic_sched.load_state_dict(state["critic_sched"])
+        trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        trainer.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        return int(state["global_step"])

@@ -1,0 +1,141 @@
+"""`klguard sft`: the supervised warm start of the built-in tiny policy, cached on disk.
+
+The policy learns `Q:23+45-7=?A:` -> `#### 61</s>`. A small share of targets run on into a second
+packed problem (`#### 61 Q:12+34-5=?A:#### 41</s>`): that gives the reference policy a small chance
+of not stopping after its answer, the opening a length-biased reward exploits. Training stops once
+held-out accuracy at temperature 1 reaches `sft.target_accuracy`, so RL has room to improve and to hack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from klguard.config.schema import SFTConfig
+from klguard.data.arith import make_arith_rows
+from klguard.model.char_tokenizer import build_char_tokenizer
+from klguard.model.tiny import build_tiny_llama, save_hf_folder
+from klguard.reward.gsm8k import compute_score
+from klguard.rollout import generate
+
+SFT_FORMAT_VERSION = 1  # bump when the recipe changes, so stale caches are not reused
+POOL_SIZE = 40_000
+EVAL_SIZE = 512
+
+
+def cache_root(cfg: SFTConfig) -> Path:
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    return Path(os.environ.get("KLGUARD_CACHE", Path.home() / ".cache" / "klguard"))
+
+
+def sft_cache_dir(cfg: SFTConfig) -> Path:
+    recipe = {k: v for k, v in asdict(cfg).items() if k != "cache_dir"}
+    recipe["format"] = SFT_FORMAT_VERSION
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root(cfg) / f"sft-{digest}"
+
+
+def ensure_sft_policy(cfg: SFTConfig, *, force: bool = False, log=print) -> Path:
+    """Return the cached SFT policy folder, training it first when absent (or when forced)."""
+    out = sft_cache_dir(cfg)
+    if (out / "sft_metrics.json").is_file() and not force:
+        return out
+    log(f"klguard sft: training the built-in policy (cached at {out})")
+    tmp = out.with_name(out.name + f".partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    metrics = run_sft(cfg, tmp, log=log)
+    (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=1))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def _encode_examples(tokenizer, rows: list[dict], continue_mask: torch.Tensor, partner: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and labels (-100 outside the answer) for one SFT batch."""
+    sequences, prompt_lens = [], []
+    for i, row in enumerate(rows):
+        prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+        answer = f"#### {row['reward_model']['ground_truth']}"
+        if continue_mask[i]:
+            other = rows[int(partner[i])]
+            other_prompt = tokenizer.apply_chat_template(other["prompt"], add_generation_prompt=True, tokenize=False)
+            answer += f" {other_prompt}#### {other['reward_model']['ground_truth']}"
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        a_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        sequences.append(p_ids + a_ids)
+        prompt_lens.append(len(p_ids))
+    width = max(map(len, sequences))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    for i, (seq, plen) in enumerate(zip(sequences, prompt_lens, strict=True)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, plen : len(seq)] = ids[i, plen : len(seq)]
+    return ids, labels
+
+
+@torch.no_grad()
+def evaluate_policy(model, tokenizer, rows: list[dict], *, seed: int, max_new_tokens: int = 32) -> dict[str, float]:
+    """Accuracy (GSM8K strict) and continuation rate at temperature 1 on `rows`."""
+    model.eval()
+    prompts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
+    enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+    out = generate(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
+                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                   temperature=1.0, generator=torch.Generator().manual_seed(seed))
+    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    gold = [compute_score(t, r["reward_model"]["ground_truth"]) for t, r in zip(texts, rows, strict=True)]
+    longer = [t.count("####") > 1 for t in texts]
+    return {
+        "accuracy": sum(gold) / len(gold),
+        "continuation_rate": sum(longer) / len(longer),
+        "response_length": out.response_lengths.float().mean().item(),
+    }
+
+
+def run_sft(cfg: SFTConfig, out_dir: Path, *, log=print) -> dict:
+    """Train the tiny policy and write it to `out_dir` as a Hugging Face folder."""
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(tokenizer, seed=cfg.seed)
+    pool = make_arith_rows(POOL_SIZE, "train", cfg.seed)
+    held_out = make_arith_rows(EVAL_SIZE, "val", cfg.seed + 1)
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    history, started, step = [], time.time(), 0
+    for step in range(1, cfg.steps + 1):
+        model.train()
+        idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen)
+        rows = [pool[i] for i in idx.tolist()]
+        cont = torch.rand(cfg.batch_size, generator=gen) < cfg.continue_rate
+        partner = torch.randint(cfg.batch_size, (cfg.batch_size,), generator=gen)
+        ids, labels = _encode_examples(tokenizer, rows, cont, partner)
+        loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        sched.step()
+        optim.zero_grad(set_to_none=True)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            stats = evaluate_policy(model, tokenizer, held_out, seed=cfg.seed)
+            history.append({"step": step, "loss": loss.item(), **stats, "elapsed_s": time.time() - started})
+            log(f"klguard sft: step {step} loss {loss.item():.3f} held-out accuracy {stats['accuracy']:.3f} "
+                f"continuation {stats['continuation_rate']:.3f}")
+            if stats["accuracy"] >= cfg.target_accuracy:
+                break
+    save_hf_folder(model, tokenizer, out_dir)
+    final = history[-1] if history else {}
+    if final.get("accuracy", 0.0) < cfg.target_accuracy:
+        log(f"klguard sft: warning: accuracy {final.get('accuracy', 0.0):.3f} stayed below "
+            f"sft.target_accuracy={cfg.target_accuracy} after {step} steps")
+    return {"steps": step, "final": final, "history": history, "recipe": asdict(cfg)}

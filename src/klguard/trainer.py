@@ -1,0 +1,211 @@
+"""The PPO loop. The only module that knows every part; read `train_step` top to bottom.
+
+One step: 1 prompts -> 2 rollout -> 3 rewards -> 4 reference and KL -> 5 values and advantages
+-> 6 critic and actor updates -> 7 metrics. Validation and checkpoints happen between steps.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from klguard.algo.advantage import compute_advantage
+from klguard.algo.kl import build_kl_controller, kl_penalty
+from klguard.algo.stats import masked_mean
+from klguard.config import Config, config_to_yaml
+from klguard.data.dataset import collate_left_pad
+from klguard.data.sampler import PromptSampler
+from klguard.metrics import rollout_metrics, validation_metrics
+from klguard.model.loading import load_critic, load_policy, load_tokenizer, resolve_model_path
+from klguard.reward.manager import RewardManager
+from klguard.rollout import compute_logprobs, generate
+from klguard.run_setup import build_datasets, build_optimizer, resolve_device, seed_everything, step_generator
+from klguard.run_state import RunState
+from klguard.update import PPOBatch, critic_values, update_actor, update_critic
+
+
+class PPOTrainer:
+    def __init__(self, config: Config, *, log=print) -> None:
+        self.cfg = config
+        self.log = log
+        tr = config.trainer
+        self.run_dir = Path(tr.default_local_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
+        self.device = resolve_device(tr.device)
+        seed_everything(tr.seed)
+
+        self.policy_path = resolve_model_path(config, log=log)
+        self.tokenizer = load_tokenizer(self.policy_path, config)
+        self.train_data, self.val_data = build_datasets(config, self.tokenizer, self.run_dir)
+        self.use_critic = config.critic.enable if config.critic.enable is not None else (
+            config.algorithm.adv_estimator == "gae")
+        self.use_ref = config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+        self.sampler = PromptSampler(len(self.train_data), config.data.train_batch_size,
+                                     shuffle=config.data.shuffle, seed=config.data.seed or tr.seed)
+        self.total_steps = tr.total_training_steps or tr.total_epochs * self.sampler.batches_per_epoch
+        self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
+        self.rewards = RewardManager(config, self.tokenizer)
+        self.state = RunState(self.run_dir, tr.max_actor_ckpt_to_keep)
+        self.global_step = 0
+
+        resume_from = self.state.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)
+        actor_path = resume_from / "actor" if resume_from else self.policy_path
+        self.actor = load_policy(actor_path, config, trainable=True, device=self.device)
+        self.ref = load_policy(self.policy_path, config, trainable=False, device=self.device) if self.use_ref else None
+        self.critic = None
+        if self.use_critic:
+            critic_path = resume_from / "critic" if resume_from else None
+            self.critic = load_critic(self.policy_path, config, device=self.device, resume_path=critic_path)
+        self.actor_optim, self.actor_sched = build_optimizer(self.actor, config.actor_rollout_ref.actor.optim,
+                                                             self.total_steps)
+        self.critic_optim, self.critic_sched = (build_optimizer(self.critic, config.critic.optim, self.total_steps)
+                                                if self.critic is not None else (None, None))
+        if resume_from:
+            self.global_step = self.state.restore(resume_from, self)
+            log(f"klguard: resumed from {resume_from} at step {self.global_step}")
+
+    # ------------------------------------------------------------------ one PPO step
+    def train_step(self) -> dict[str, float]:
+        cfg, step = self.cfg, self.global_step
+        rollout_cfg, actor_cfg = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+        timing: dict[str, float] = {}
+        started = time.perf_counter()
+
+        # 1. prompts: each repeated rollout.n times, consecutive, so groups share an index
+        rows = [self.train_data[i] for i in self.sampler.next_batch() for _ in range(rollout_cfg.n)]
+        group_index = torch.arange(len(rows)) // rollout_cfg.n
+        prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
+
+        # 2. rollout: sampled with the KV cache; old log-probs come from the same weights
+        with _timed(timing, "gen"):
+            self.actor.eval()
+            out = generate(self.actor, prompt_ids.to(self.device), prompt_mask.to(self.device),
+                           max_new_tokens=cfg.data.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
+                           pad_token_id=self.tokenizer.pad_token_id, temperature=rollout_cfg.temperature,
+                           top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, do_sample=rollout_cfg.do_sample,
+                           ignore_eos=rollout_cfg.ignore_eos, generator=step_generator(cfg.trainer.seed, step, 0,
+                                                                                       self.device))
+        mask = out.response_mask.float()
+        input_ids, attention_mask = out.input_ids, out.attention_mask
+
+        # 3. rewards: the score sits on the last response token
+        with _timed(timing, "reward"):
+            reward = self._score(rows, out)
+        token_scores = torch.zeros_like(mask)
+        last = (out.response_lengths - 1).clamp(min=0)
+        token_scores[torch.arange(len(rows)), last] = reward.scores.to(mask)
+
+        # 4. reference log-probs and the KL penalty in the reward
+        ref_logprobs, kl_metrics = None, {}
+        token_rewards = token_scores
+        if self.ref is not None:
+            with _timed(timing, "ref"), torch.no_grad():
+                ref_logprobs = compute_logprobs(self.ref, input_ids, attention_mask, mask.shape[1],
+                                                rollout_cfg.temperature,
+                                                micro_batch_size=cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
+            kl = kl_penalty(out.old_logprobs, ref_logprobs, cfg.algorithm.kl_penalty) * mask
+            current_kl = masked_mean(kl, mask, dim=-1).mean().item()  # verl: mean over sequences of token means
+            beta = self.kl_ctrl.value
+            if cfg.algorithm.use_kl_in_reward:
+                token_rewards = token_scores - beta * kl
+                self.kl_ctrl.update(current_kl, n_steps=len(rows))
+            kl_metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta,
+                          "actor/kl_seq_sum": kl.sum(-1).mean().item()}
+
+        # 5. values and advantages
+        values = None
+        if self.critic is not None:
+            with _timed(timing, "values"), torch.no_grad():
+                values = critic_values(self.critic, input_ids, attention_mask, mask.shape[1]) * mask
+        with _timed(timing, "adv"):
+            advantages, returns = compute_advantage(
+                cfg.algorithm.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, values=values,
+                group_index=group_index, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+
+        # 6. updates: critic first, the actor once the critic has warmed up
+        batch = PPOBatch(input_ids, attention_mask, mask, out.old_logprobs, advantages, returns, values, ref_logprobs)
+        update_metrics: dict[str, float] = {}
+        gen = step_generator(cfg.trainer.seed, step, 1, torch.device("cpu"))
+        if self.critic is not None:
+            with _timed(timing, "update_critic"):
+                update_metrics |= update_critic(self.critic, self.critic_optim, batch, cfg.critic,
+                                                mini_batch_size=cfg.critic.ppo_mini_batch_size * rollout_cfg.n,
+                                                generator=gen)
+            self.critic_sched.step()
+        if step >= cfg.trainer.critic_warmup:
+            with _timed(timing, "update_actor"):
+                update_metrics |= update_actor(self.actor, self.actor_optim, batch, actor_cfg,
+                                               mini_batch_size=actor_cfg.ppo_mini_batch_size * rollout_cfg.n,
+                                               temperature=rollout_cfg.temperature, generator=gen)
+            self.actor_sched.step()
+
+        # 7. metrics
+        timing["step"] = time.perf_counter() - started
+        self.global_step += 1
+        return {
+            **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
+            **kl_metrics, **update_metrics,
+            **{f"timing_s/{k}": v for k, v in timing.items()},
+            "perf/throughput": float(out.attention_mask.sum()) / timing["step"],
+            "training/global_step": self.global_step, "training/epoch": self.sampler.epoch,
+        }
+
+    def _score(self, rows, out):
+        texts = self.tokenizer.batch_decode(
+            out.response_ids.masked_fill(out.response_mask == 0, self.tokenizer.pad_token_id).cpu(),
+            skip_special_tokens=True)
+        return self.rewards(texts, out.response_lengths.tolist(), [r.data_source for r in rows],
+                            [r.ground_truth for r in rows], [r.extra_info for r in rows])
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        kw = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        rows = [self.val_data[i] for i in range(len(self.val_data)) for _ in range(kw.n)]
+        size = (self.cfg.data.val_batch_size or len(self.val_data)) * kw.n
+        gen = step_generator(self.cfg.trainer.seed, 0, 2, self.device)  # same noise at every validation
+        self.actor.eval()
+        results = []
+        for start in range(0, len(rows), size):
+            part = rows[start : start + size]
+            ids, pmask = collate_left_pad(part, self.tokenizer.pad_token_id)
+            out = generate(self.actor, ids.to(self.device), pmask.to(self.device),
+                           max_new_tokens=self.cfg.data.max_response_length,
+                           eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+                           temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
+                           generator=gen)
+            results.append((part, out, self._score(part, out)))
+        return validation_metrics(results, kw.n)
+
+    # ------------------------------------------------------------------ the run
+    def fit(self, tracker, progress=None) -> dict[str, float]:
+        tr = self.cfg.trainer
+        last: dict[str, float] = {}
+        if tr.val_before_train and self.global_step == 0:
+            last = self.validate()
+            tracker.log(last, step=0)
+        while self.global_step < self.total_steps:
+            metrics = self.train_step()
+            step = self.global_step
+            is_last = step >= self.total_steps
+            if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
+                metrics |= self.validate()
+            tracker.log(metrics, step=step)
+            if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last:
+                self.state.save(self)
+            if progress is not None:
+                progress(step, metrics)
+            last = metrics
+        return last
+
+
+@contextmanager
+def _timed(timing: dict[str, float], name: str):
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start

@@ -1,0 +1,156 @@
+"""PPO updates: `ppo_epochs` x mini-batches x micro-batches for the actor and the critic.
+
+Each mini-batch is one optimizer step; micro-batches accumulate gradients with weight
+micro/mini as verl does. A step whose gradient norm is not finite is skipped, never applied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from klguard.algo.kl import kl_penalty
+from klguard.algo.loss import agg_loss, compute_policy_loss, compute_value_loss
+from klguard.config.schema import ActorConfig, CriticConfig
+from klguard.rollout import compute_logprobs, position_ids_from_mask
+
+
+@dataclass
+class PPOBatch:
+    """The rollouts of one step, everything the updates read; tensors share the first dim N."""
+
+    input_ids: Tensor  # [N, P+R]
+    attention_mask: Tensor  # [N, P+R]
+    response_mask: Tensor  # [N, R]
+    old_logprobs: Tensor  # [N, R]
+    advantages: Tensor  # [N, R]
+    returns: Tensor  # [N, R]
+    values: Tensor | None = None  # [N, R], critic's values at rollout time
+    ref_logprobs: Tensor | None = None  # [N, R], for the KL loss
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def response_length(self) -> int:
+        return self.response_mask.shape[1]
+
+    def select(self, index: Tensor) -> PPOBatch:
+        return PPOBatch(**{f.name: None if (v := getattr(self, f.name)) is None else v[index]
+                           for f in fields(self)})
+
+
+def minibatch_indices(n: int, size: int, shuffle: bool, generator: torch.Generator | None) -> Iterator[Tensor]:
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    yield from order.split(size)
+
+
+def critic_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
+    """Value of the state before each response token: outputs at positions -R-1 .. -2, as verl."""
+    out = critic(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    return out.logits[:, -response_length - 1 : -1, 0].float()
+
+
+def _apply_step(params: list[Tensor], optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """Clip, then step only when the gradient norm is finite; returns the pre-clip norm."""
+    max_norm = grad_clip if grad_clip > 0 else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
+    return {k: sum(v) / len(v) for k, v in acc.items() if v}
+
+
+def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: ActorConfig, *,
+                 mini_batch_size: int, temperature: float, generator: torch.Generator | None = None,
+                 grad_clip: float | None = None) -> dict[str, float]:
+    """One PPO policy update over `batch`; returns verl-named actor metrics."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    micro = cfg.ppo_micro_batch_size_per_gpu or mini_batch_size
+    clip = cfg.grad_clip if grad_clip is None else grad_clip
+    acc: dict[str, list[float]] = defaultdict(list)
+    model.train()
+    for _ in range(cfg.ppo_epochs):
+        for mini_idx in minibatch_indices(len(batch), mini_batch_size, cfg.shuffle, generator):
+            mini = batch.select(mini_idx)
+            for micro_idx in torch.arange(len(mini)).split(micro):
+                part = mini.select(micro_idx)
+                loss, stats = _actor_loss(model, part, cfg, temperature)
+                (loss * (len(part) / len(mini))).backward()
+                for key, value in stats.items():
+                    acc[key].append(value)
+            grad_norm = _apply_step(params, optimizer, clip)
+            acc["actor/grad_norm"].append(grad_norm)
+            acc["actor/skipped_steps"].append(0.0 if math.isfinite(grad_norm) else 1.0)
+    metrics = _mean_metrics(acc)
+    metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
+    return metrics
+
+
+def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temperature: float
+                ) -> tuple[Tensor, dict[str, float]]:
+    logprobs, entropy = compute_logprobs(model, part.input_ids, part.attention_mask, part.response_length,
+                                         temperature, return_entropy=True)
+    mask = part.response_mask
+    out = compute_policy_loss(
+        part.old_logprobs, logprobs, part.advantages, mask, clip_ratio=cfg.clip_ratio,
+        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+        use_dual_clip=cfg.use_dual_clip, loss_agg_mode=cfg.loss_agg_mode,
+    )
+    entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode)
+    loss = out.pg_loss - cfg.entropy_coeff * entropy_loss
+    stats = {
+        "actor/pg_loss": out.pg_loss.item(),
+        "actor/pg_clipfrac": out.pg_clipfrac.item(),
+        "actor/pg_clipfrac_lower": out.pg_clipfrac_lower.item(),
+        "actor/ppo_kl": out.ppo_kl.item(),
+        "actor/entropy": entropy_loss.item(),
+    }
+    if cfg.use_kl_loss:
+        if part.ref_logprobs is None:
+            raise ValueError("use_kl_loss needs reference log-probs in the batch")
+        kl = kl_penalty(logprobs, part.ref_logprobs, cfg.kl_loss_type)
+        kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
+        loss = loss + cfg.kl_loss_coef * kl_loss
+        stats["actor/kl_loss"] = kl_loss.item()
+        stats["actor/kl_coef"] = cfg.kl_loss_coef
+    return loss, stats
+
+
+def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: CriticConfig, *,
+                  mini_batch_size: int, generator: torch.Generator | None = None) -> dict[str, float]:
+    """One clipped value-function update over `batch`; returns verl-named critic metrics."""
+    if batch.values is None:
+        raise ValueError("the critic update needs rollout-time values")
+    params = [p for p in critic.parameters() if p.requires_grad]
+    micro = cfg.ppo_micro_batch_size_per_gpu or mini_batch_size
+    acc: dict[str, list[float]] = defaultdict(list)
+    critic.train()
+    for _ in range(cfg.ppo_epochs):
+        for mini_idx in minibatch_indices(len(batch), mini_batch_size, cfg.shuffle, generator):
+            mini = batch.select(mini_idx)
+            for micro_idx in torch.arange(len(mini)).split(micro):
+                part = mini.select(micro_idx)
+                vpreds = critic_values(critic, part.input_ids, part.attention_mask, part.response_length)
+                vf_loss, vf_clipfrac = compute_value_loss(
+                    vpreds, part.values, part.returns, part.response_mask,
+                    cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode,
+                )
+                (vf_loss * (len(part) / len(mini))).backward()
+                acc["critic/vf_loss"].append(vf_loss.item())
+                acc["critic/vf_clipfrac"].append(vf_clipfrac.item())
+            grad_norm = _apply_step(params, optimizer, cfg.grad_clip)
+            acc["critic/grad_norm"].append(grad_norm)
+    metrics = _mean_metrics(acc)
+    metrics["critic/lr"] = optimizer.param_groups[0]["lr"]
+    return metrics
