@@ -96,9 +96,7 @@ def test_file_level_errors_name_the_file(tok, tmp_path) -> None:
 
 def test_row_level_errors_name_file_and_row(tok, tmp_path) -> None:
     good = [_row(), _row()]
-    no_prompt_col = _write(
-        tmp_path / "a.parquet", [{k: v for k, v in r.items() if k != "prompt"} for r in good]
-    )
+    no_prompt_col = _write(tmp_path / "a.parquet", [{k: v for k, v in r.items() if k != "prompt"} for r in good])
     assert "row 0: missing 'prompt'" in _error(no_prompt_col, tok)
 
     null_prompt = _write(tmp_path / "b.parquet", [*good, {**_row(), "prompt": None}])

@@ -9,7 +9,6 @@ from transformers import AutoTokenizer
 
 from klguard.model.char_tokenizer import TASK_CHARACTERS, build_char_tokenizer
 
-
 _TOK = build_char_tokenizer()
 
 
@@ -83,4 +82,3 @@ def test_any_task_string_round_trips(text: str) -> None:
     ids = _TOK(text)["input_ids"]
     assert len(ids) == len(text)
     assert _TOK.decode(ids) == text
-

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from klguard.config.schema import BUILTIN_MODEL, Config
 from klguard.errors import UserError
+
+hf_logging.disable_progress_bar()  # our own progress bar is the one a user reads
 
 
 def resolve_model_path(cfg: Config, *, log=print) -> Path:
@@ -54,7 +56,7 @@ def load_policy(path: Path, cfg: Config, *, trainable: bool, device: torch.devic
     """The actor (trainable) or the frozen reference, fp32 master weights."""
     model_cfg = cfg.actor_rollout_ref.model
     config = _hf_config(path, model_cfg.override_config, model_cfg.trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, torch_dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32,
                                                  trust_remote_code=model_cfg.trust_remote_code).to(device)
     if trainable and model_cfg.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -77,14 +79,13 @@ def load_critic(policy_path: Path, cfg: Config, *, device: torch.device,
     trust = cfg.actor_rollout_ref.model.trust_remote_code
     config = _hf_config(path, cfg.critic.model.override_config, trust)
     config.num_labels = 1
-    quiet = logging.getLogger("transformers.modeling_utils")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # the fresh value head is expected, not worth a warning
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the fresh value head is expected, not worth a warning
     try:
-        critic = AutoModelForTokenClassification.from_pretrained(path, config=config, torch_dtype=torch.float32,
+        critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
                                                                  trust_remote_code=trust)
     finally:
-        quiet.setLevel(level)
+        hf_logging.set_verbosity(level)
     if resume_path is None:  # a zero head starts every value at 0: no random advantages at step 1
         head = next(getattr(critic, n) for n in ("score", "classifier") if hasattr(critic, n))
         with torch.no_grad():
