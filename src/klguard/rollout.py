@@ -48,13 +48,43 @@ def _forward_kwargs(model_cls: type) -> tuple[str, str | None]:
     return cache_kw, keep_kw
 
 
-def _new_cache(model: torch.nn.Module) -> object:
+def _prealloc_layer_cls() -> type:
+    """A ``DynamicLayer`` that writes into one buffer sized for the whole rollout instead of ``torch.cat``."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocLayer(DynamicLayer):
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity, self.length = capacity, 0
+
+        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+            if not self.is_initialized:
+                b, h, _, d = key_states.shape
+                self.device, self.is_initialized = key_states.device, True
+                self._k = key_states.new_empty(b, h, self.capacity, d)
+                self._v = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
+            start, self.length = self.length, self.length + key_states.shape[-2]
+            self._k[:, :, start : self.length].copy_(key_states)
+            self._v[:, :, start : self.length].copy_(value_states)
+            self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+            return self.keys, self.values
+
+    return PreallocLayer
+
+
+def _new_cache(model: torch.nn.Module, capacity: int) -> object:
+    """The model's ``DynamicCache``; its plain full-attention layers are swapped for preallocated ones."""
     from transformers import DynamicCache
 
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # older transformers
         return DynamicCache()
+    layers = getattr(cache, "layers", None)
+    if layers and all(type(layer).__name__ == "DynamicLayer" for layer in layers):
+        layer_cls = _prealloc_layer_cls()
+        cache.layers = [layer_cls(capacity) for _ in layers]
+    return cache
 
 
 def position_ids_from_mask(mask: Tensor) -> Tensor:
@@ -90,6 +120,14 @@ def filter_logits(logits: Tensor, top_k: int = -1, top_p: float = 1.0) -> Tensor
     return logits
 
 
+def _sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One draw per row by inverse-CDF (``B`` uniforms; ``torch.multinomial`` draws one per vocab entry)."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    return tok.clamp_(max=probs.shape[-1] - 1)
+
+
 def _pick(logits: Tensor, greedy: bool, temperature: float, top_k: int, top_p: float,
           generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """Choose next tokens ``[B]`` and return them with their (pre-filter) log-probs ``[B]``."""
@@ -103,7 +141,7 @@ def _pick(logits: Tensor, greedy: bool, temperature: float, top_k: int, top_p: f
         logp = torch.log_softmax(logits, -1)
         filtered = top_k > 0 or top_p < 1.0
         probs = filter_logits(logits, top_k, top_p).softmax(-1) if filtered else logp.exp()
-        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tok = _sample(probs, generator)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
@@ -142,7 +180,7 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
     # Position of response token t is (#valid prompt tokens + t); precomputed so steps only slice.
     resp_pos = prompt_mask.long().sum(-1, keepdim=True) + torch.arange(R, device=dev)
     alive = torch.ones(bsz, dtype=torch.bool, device=dev)
-    cache = _new_cache(model)
+    cache = _new_cache(model, plen + R)
     pick = functools.partial(_pick, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                              generator=generator)
     logits = _forward_logits(model, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), 1, cache)

@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-# Measured on 2 CPU threads for a [64, 48] forward pass (hidden 128, 2 layers): sdpa is faster than
-# eager, see the module's tests/report; both give the same logits to float tolerance.
+# Measured on 2 CPU threads, [64, 48] masked forward: sdpa 21.5 ms, eager 21.1 ms (best of 40); a
+# 64 x 32-token generate: sdpa 73 ms, eager 74 ms. At head dim 32 and <=128 positions attention
+# is a small share of the work, so the two tie; sdpa is kept (HF's default, and it scales better
+# if a user raises max_position_embeddings). Logits agree to float tolerance (tested).
 DEFAULT_ATTN_IMPLEMENTATION = "sdpa"
 
 

@@ -18,7 +18,7 @@ import torch
 
 from klguard.config.schema import Config
 from klguard.errors import UserError
-from klguard.reward.proxy import proxy_score
+from klguard.reward.proxy import hacking_flags, proxy_score, reference_proxy_score
 from klguard.reward.registry import compute_gold_score
 
 
@@ -55,10 +55,6 @@ class RewardManager:
         crf = config.custom_reward_function
         self.custom = load_custom_reward(crf.path, crf.name) if crf.path else None
 
-    def _reference_tokens(self, ground_truth: str) -> int:
-        """Tokens of the short correct answer `#### <gt>` plus EOS, the proxy's yardstick."""
-        return len(self.tokenizer(f"#### {ground_truth}", add_special_tokens=False)["input_ids"]) + 1
-
     def _rule(self, i: int, data_source: str, text: str, ground_truth: str, extra_info: Any) -> float:
         try:
             if self.custom is not None:
@@ -83,6 +79,6 @@ class RewardManager:
         weights = {"format_weight": self.proxy.format_weight, "correct_weight": self.proxy.correct_weight,
                    "length_weight": self.proxy.length_weight, "length_cap": self.proxy.length_cap}
         proxy = [proxy_score(t, n, gt, **weights) for t, n, gt in zip(texts, n_tokens, ground_truths, strict=True)]
-        yardstick = [proxy_score(f"#### {gt}", self._reference_tokens(gt), gt, **weights) for gt in ground_truths]
-        hacked = [g <= 0 and p >= y for g, p, y in zip(rule, proxy, yardstick, strict=True)]
-        return RewardOutput(torch.tensor(proxy), torch.tensor(rule), torch.tensor(hacked))
+        yardstick = [reference_proxy_score(gt, self.tokenizer, **weights) for gt in ground_truths]
+        scores, gold = torch.tensor(proxy), torch.tensor(rule)
+        return RewardOutput(scores, gold, hacking_flags(gold, scores, torch.tensor(yardstick)))
