@@ -92,7 +92,7 @@ def position_ids_from_mask(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp_(min=0)
 
 
-def _forward_logits(model: torch.nn.Module, ids: Tensor, mask: Tensor, pos: Tensor, keep: int,
+def _forward_logits(model: torch.nn.Module, ids: Tensor, mask: Tensor | None, pos: Tensor, keep: int,
                     cache: object | None = None) -> Tensor:
     """Logits of the last ``keep`` positions (only those go through the LM head when supported)."""
     cache_kw, keep_kw = _forward_kwargs(type(model))
@@ -175,15 +175,19 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
     response = torch.full((bsz, R), pad_token_id, dtype=torch.long, device=dev)
     logprobs = torch.zeros(bsz, R, dtype=torch.float32, device=dev)
     resp_mask = torch.zeros(bsz, R, dtype=torch.long, device=dev)
-    attn = torch.ones(bsz, plen + R, dtype=prompt_mask.dtype, device=dev)
-    attn[:, :plen] = prompt_mask
+    # Growing attention mask as views of one buffer; None when nothing is padded (plain causal attention).
+    attn = None
+    if not bool(prompt_mask.all()):
+        attn = torch.ones(bsz, plen + R, dtype=prompt_mask.dtype, device=dev)
+        attn[:, :plen] = prompt_mask
     # Position of response token t is (#valid prompt tokens + t); precomputed so steps only slice.
     resp_pos = prompt_mask.long().sum(-1, keepdim=True) + torch.arange(R, device=dev)
     alive = torch.ones(bsz, dtype=torch.bool, device=dev)
     cache = _new_cache(model, plen + R)
     pick = functools.partial(_pick, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                              generator=generator)
-    logits = _forward_logits(model, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), 1, cache)
+    logits = _forward_logits(model, prompt_ids, None if attn is None else prompt_mask,
+                             position_ids_from_mask(prompt_mask), 1, cache)
     for t in range(R):
         tok, lp = pick(logits[:, -1])
         response[:, t] = tok.masked_fill_(~alive, pad_token_id)
@@ -194,8 +198,8 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
             if not alive.any():
                 break
         if t + 1 < R:
-            logits = _forward_logits(model, response[:, t : t + 1], attn[:, : plen + t + 1],
-                                     resp_pos[:, t : t + 1], 1, cache)
+            mask = None if attn is None else attn[:, : plen + t + 1]
+            logits = _forward_logits(model, response[:, t : t + 1], mask, resp_pos[:, t : t + 1], 1, cache)
     return response, resp_mask, logprobs
 
 

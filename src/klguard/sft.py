@@ -43,6 +43,18 @@ def sft_cache_dir(cfg: SFTConfig) -> Path:
     return cache_root(cfg) / f"sft-{digest}"
 
 
+def ensure_builtin_tokenizer(cfg: SFTConfig) -> Path:
+    """The built-in character tokenizer as a saved HF folder, so it loads through AutoTokenizer
+    before (and independently of) the SFT run; data can then be checked before any training."""
+    out = cache_root(cfg) / f"char-tokenizer-v{SFT_FORMAT_VERSION}"
+    if not (out / "tokenizer_config.json").is_file():
+        tmp = out.with_name(out.name + f".partial-{os.getpid()}")
+        build_char_tokenizer().save_pretrained(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    return out
+
+
 def ensure_sft_policy(cfg: SFTConfig, *, force: bool = False, log=print) -> Path:
     """Return the cached SFT policy folder, training it first when absent (or when forced)."""
     out = sft_cache_dir(cfg)

@@ -19,7 +19,13 @@ from klguard.config import Config, config_to_yaml
 from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
 from klguard.metrics import rollout_metrics, validation_metrics
-from klguard.model.loading import load_critic, load_policy, load_tokenizer, resolve_model_path
+from klguard.model.loading import (
+    load_critic,
+    load_policy,
+    load_tokenizer,
+    resolve_model_path,
+    resolve_tokenizer_path,
+)
 from klguard.reward.manager import RewardManager
 from klguard.rollout import compute_logprobs, generate
 from klguard.run_setup import build_datasets, build_optimizer, resolve_device, seed_everything, step_generator
@@ -38,9 +44,10 @@ class PPOTrainer:
         self.device = resolve_device(tr.device)
         seed_everything(tr.seed)
 
-        self.policy_path = resolve_model_path(config, log=log)
-        self.tokenizer = load_tokenizer(self.policy_path, config)
+        # data first: a bad row fails in seconds, before any model loads or SFT runs
+        self.tokenizer = load_tokenizer(resolve_tokenizer_path(config), config)
         self.train_data, self.val_data = build_datasets(config, self.tokenizer, self.run_dir)
+        self.policy_path = resolve_model_path(config, log=log)
         self.use_critic = config.critic.enable if config.critic.enable is not None else (
             config.algorithm.adv_estimator == "gae")
         self.use_ref = config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss

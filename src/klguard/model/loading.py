@@ -24,19 +24,32 @@ def resolve_model_path(cfg: Config, *, log=print) -> Path:
     return check_model_folder(path, "actor_rollout_ref.model.path")
 
 
-def check_model_folder(path: str | Path, key: str) -> Path:
+def resolve_tokenizer_path(cfg: Config) -> Path:
+    """The tokenizer folder; for the built-in policy a saved copy that needs no SFT run first."""
+    model_cfg = cfg.actor_rollout_ref.model
+    if model_cfg.tokenizer_path:
+        return check_model_folder(model_cfg.tokenizer_path, "actor_rollout_ref.model.tokenizer_path", tokenizer=True)
+    if model_cfg.path == BUILTIN_MODEL:
+        from klguard.sft import ensure_builtin_tokenizer
+
+        return ensure_builtin_tokenizer(cfg.sft)
+    return check_model_folder(model_cfg.path, "actor_rollout_ref.model.path")
+
+
+def check_model_folder(path: str | Path, key: str, *, tokenizer: bool = False) -> Path:
     folder = Path(path).expanduser()
     if not folder.exists():
         raise UserError(f"{key}={path} does not exist")
-    if not folder.is_dir() or not (folder / "config.json").is_file():
-        raise UserError(f"{key}={path} is not a Hugging Face model folder (no config.json)")
+    marker = "tokenizer_config.json" if tokenizer else "config.json"
+    if not folder.is_dir() or not (folder / marker).is_file():
+        kind = "tokenizer" if tokenizer else "model"
+        raise UserError(f"{key}={path} is not a Hugging Face {kind} folder (no {marker})")
     return folder
 
 
 def load_tokenizer(path: Path, cfg: Config):
     model_cfg = cfg.actor_rollout_ref.model
-    tok_path = model_cfg.tokenizer_path or path
-    tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=model_cfg.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
     if tokenizer.pad_token_id is None:  # common for Llama/GPT-2: reuse EOS, masks keep it out of the loss
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -79,6 +92,7 @@ def load_critic(policy_path: Path, cfg: Config, *, device: torch.device,
     trust = cfg.actor_rollout_ref.model.trust_remote_code
     config = _hf_config(path, cfg.critic.model.override_config, trust)
     config.num_labels = 1
+    config.classifier_dropout = 0.0  # HF's token-classification head defaults to dropout 0.1; values need none
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the fresh value head is expected, not worth a warning
     try:

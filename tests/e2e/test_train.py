@@ -1,0 +1,67 @@
+"""End-to-end PPO on the built-in task: metrics, checkpoints, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from klguard.cli import main
+
+REQUIRED_METRICS = [
+    "actor/ppo_kl", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/entropy",
+    "actor/grad_norm", "actor/lr", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff", "critic/vf_loss",
+    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "response_length/mean",
+    "response_length/clip_ratio", "timing_s/gen", "timing_s/ref", "timing_s/update_actor", "timing_s/step",
+    "perf/throughput", "hacking/gold_score", "hacking/proxy_score", "hacking/gap", "hacking/rate",
+]
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_step_run_writes_metrics_checkpoints_and_hf_folders(fast_overrides, tmp_path):
+    code = main(["train", *fast_overrides, "trainer.total_training_steps=2", "trainer.save_freq=1",
+                 "trainer.test_freq=1"])
+    assert code == 0
+    run = tmp_path / "run"
+    records = _records(run)
+    assert [r["step"] for r in records] == [0, 1, 2]  # validation before training, then two steps
+    assert "val-core/klguard/arith/acc/mean@1" in records[0]
+    for record in records[1:]:
+        missing = [k for k in REQUIRED_METRICS if k not in record]
+        assert not missing, missing
+        assert record["val-core/klguard/arith/acc/mean@1"] is not None
+    assert (run / "config.yaml").is_file() and list((run / "tensorboard").iterdir())
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
+    # the checkpoint's policy is a plain HF folder
+    actor = run / "global_step_2" / "actor"
+    model = AutoModelForCausalLM.from_pretrained(actor)
+    tok = AutoTokenizer.from_pretrained(actor)
+    ids = tok(tok.apply_chat_template([{"role": "user", "content": "12+3=?"}], add_generation_prompt=True,
+                                      tokenize=False), return_tensors="pt")["input_ids"]
+    assert torch.isfinite(model(ids).logits).all()
+
+
+def test_resume_continues_at_the_right_step_with_the_same_kl_coefficient(fast_overrides, tmp_path):
+    adaptive = ["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=50", "algorithm.kl_ctrl.kl_coef=0.1",
+                "trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false"]
+    straight = [*fast_overrides, *adaptive, "trainer.total_training_steps=4",
+                f"trainer.default_local_dir={tmp_path / 'straight'}"]
+    assert main(["train", *straight]) == 0
+    resumed = [*fast_overrides, *adaptive, f"trainer.default_local_dir={tmp_path / 'resumed'}"]
+    assert main(["train", *resumed, "trainer.total_training_steps=2"]) == 0
+    assert main(["train", *resumed, "trainer.total_training_steps=4"]) == 0
+    full = {r["step"]: r for r in _records(tmp_path / "straight")}
+    parts = _records(tmp_path / "resumed")
+    assert [r["step"] for r in parts] == [1, 2, 3, 4]
+    coeffs = [full[s]["actor/reward_kl_penalty_coeff"] for s in (1, 2, 3, 4)]
+    assert len(set(coeffs)) > 1  # the adaptive controller really moved
+    for r in parts:
+        assert r["actor/reward_kl_penalty_coeff"] == full[r["step"]]["actor/reward_kl_penalty_coeff"]
+        assert r["critic/score/mean"] == pytest.approx(full[r["step"]]["critic/score/mean"], abs=1e-6)
+        assert r["actor/pg_loss"] == pytest.approx(full[r["step"]]["actor/pg_loss"], abs=1e-5)
