@@ -6,12 +6,22 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+import klguard.rollout as ro
 from klguard.rollout import RolloutBatch, compute_logprobs, filter_logits, generate, position_ids_from_mask
 
 VOCAB, PAD, EOS = 24, 0, 2
 EOS_SET = [2, 5, 7, 11]  # several EOS ids so a random model finishes rows early
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models: one intra-op thread avoids OpenMP barrier spinning when the CPUs are shared (>10x)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +164,25 @@ def test_compute_logprobs_backprop(llama) -> None:
     grads = [p.grad for p in llama.parameters()]
     assert all(g is not None for g in grads) and any(g.abs().sum() > 0 for g in grads)
     llama.zero_grad(set_to_none=True)
+
+
+def test_preallocated_cache_matches_plain_dynamic_cache(llama, monkeypatch) -> None:
+    if not hasattr(DynamicCache(config=llama.config), "layers"):
+        pytest.skip("transformers without per-layer caches: plain DynamicCache is used anyway")
+    assert type(ro._new_cache(llama, 8).layers[0]).__name__ == "PreallocLayer"
+    ours = run(llama, temperature=0.9, max_new_tokens=20)
+    monkeypatch.setattr(ro, "_new_cache", lambda model, capacity: DynamicCache(config=model.config))
+    plain = run(llama, temperature=0.9, max_new_tokens=20)
+    assert torch.equal(ours.response_ids, plain.response_ids)
+    torch.testing.assert_close(ours.old_logprobs, plain.old_logprobs, atol=1e-6, rtol=0)
+
+
+def test_sampler_frequencies_and_zero_prob_tokens() -> None:
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.0, 0.3]).expand(40_000, 5)
+    tok = ro._sample(probs, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tok, minlength=5).double() / tok.numel()
+    torch.testing.assert_close(freq, probs[0].double(), atol=0.01, rtol=0)
+    assert freq[1] == 0 and freq[3] == 0
 
 
 def test_position_ids_from_mask() -> None:

@@ -48,6 +48,7 @@ def _forward_kwargs(model_cls: type) -> tuple[str, str | None]:
     return cache_kw, keep_kw
 
 
+@functools.cache
 def _prealloc_layer_cls() -> type:
     """A ``DynamicLayer`` that writes into one buffer sized for the whole rollout instead of ``torch.cat``."""
     from transformers.cache_utils import DynamicLayer
@@ -122,8 +123,9 @@ def filter_logits(logits: Tensor, top_k: int = -1, top_p: float = 1.0) -> Tensor
 
 def _sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     """One draw per row by inverse-CDF (``B`` uniforms; ``torch.multinomial`` draws one per vocab entry)."""
-    cdf = probs.double().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)
+    dtype = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
+    cdf = probs.to(dtype).cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, dtype=dtype, device=probs.device, generator=generator)
     tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     return tok.clamp_(max=probs.shape[-1] - 1)
 
@@ -212,8 +214,12 @@ def compute_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: 
                      temperature: float = 1.0, *, micro_batch_size: int | None = None,
                      return_entropy: bool = False, return_logits: bool = False
                      ) -> Tensor | tuple[Tensor, ...]:
-    """Log-probs ``[B, R]`` of the last ``R = response_length`` tokens of ``input_ids`` (one forward each
-    micro-batch). Returns ``logprobs`` or ``(logprobs, [entropy], [logits])`` when extras are requested."""
+    """Log-probs ``[B, R]`` of the last ``R = response_length`` tokens of ``input_ids`` under
+    ``log_softmax(logits / temperature)``, one forward per micro-batch; grad follows the caller's mode.
+
+    Returns ``logprobs``, or ``(logprobs[, entropy][, logits])`` (fp32, temperature-scaled ``[B, R, V]``)
+    when extras are requested.
+    """
     R = response_length
     bsz = input_ids.shape[0]
     mbs = micro_batch_size or bsz
