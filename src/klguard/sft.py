@@ -71,28 +71,38 @@ def ensure_sft_policy(cfg: SFTConfig, *, force: bool = False, log=print) -> Path
     return out
 
 
-def _encode_examples(tokenizer, rows: list[dict], continue_mask: torch.Tensor, partner: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids and labels (-100 outside the answer) for one SFT batch."""
-    sequences, prompt_lens = [], []
-    for i, row in enumerate(rows):
-        prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
-        answer = f"#### {row['reward_model']['ground_truth']}"
-        if continue_mask[i]:
-            other = rows[int(partner[i])]
-            other_prompt = tokenizer.apply_chat_template(other["prompt"], add_generation_prompt=True, tokenize=False)
-            answer += f" {other_prompt}#### {other['reward_model']['ground_truth']}"
-        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        a_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        sequences.append(p_ids + a_ids)
-        prompt_lens.append(len(p_ids))
-    width = max(map(len, sequences))
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full_like(ids, -100)
-    for i, (seq, plen) in enumerate(zip(sequences, prompt_lens, strict=True)):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, plen : len(seq)] = ids[i, plen : len(seq)]
-    return ids, labels
+class SFTExamples:
+    """The training pool tokenized once: prompt ids and answer ids (`#### <gt>`) per problem."""
+
+    def __init__(self, tokenizer, rows: list[dict]) -> None:
+        prompts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
+                   for r in rows]
+        answers = [f"#### {r['reward_model']['ground_truth']}" for r in rows]
+        self.prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        self.answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"]
+        self.space_ids = tokenizer(" ", add_special_tokens=False)["input_ids"]
+        self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def batch(self, index: list[int], continue_mask: list[bool], partner: list[int]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded input ids and labels (-100 outside the answer) for one SFT batch."""
+        sequences, prompt_lens = [], []
+        for i, cont, other in zip(index, continue_mask, partner, strict=True):
+            answer = self.answer_ids[i]
+            if cont:  # run on into a second packed problem: `#### 61 Q:12+34-5=?A:#### 41`
+                answer = answer + self.space_ids + self.prompt_ids[other] + self.answer_ids[other]
+            sequences.append(self.prompt_ids[i] + answer + [self.eos])
+            prompt_lens.append(len(self.prompt_ids[i]))
+        width = max(map(len, sequences))
+        ids = torch.full((len(sequences), width), self.pad, dtype=torch.long)
+        labels = torch.full_like(ids, -100)
+        for row, (seq, plen) in enumerate(zip(sequences, prompt_lens, strict=True)):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            labels[row, plen : len(seq)] = ids[row, plen : len(seq)]
+        return ids, labels
 
 
 @torch.no_grad()
@@ -120,18 +130,17 @@ def run_sft(cfg: SFTConfig, out_dir: Path, *, log=print) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(tokenizer, seed=cfg.seed)
-    pool = make_arith_rows(POOL_SIZE, "train", cfg.seed)
+    pool = SFTExamples(tokenizer, make_arith_rows(POOL_SIZE, "train", cfg.seed))
     held_out = make_arith_rows(EVAL_SIZE, "val", cfg.seed + 1)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
     history, started, step = [], time.time(), 0
     for step in range(1, cfg.steps + 1):
         model.train()
-        idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen)
-        rows = [pool[i] for i in idx.tolist()]
-        cont = torch.rand(cfg.batch_size, generator=gen) < cfg.continue_rate
-        partner = torch.randint(cfg.batch_size, (cfg.batch_size,), generator=gen)
-        ids, labels = _encode_examples(tokenizer, rows, cont, partner)
+        idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
+        cont = (torch.rand(cfg.batch_size, generator=gen) < cfg.continue_rate).tolist()
+        partner = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
+        ids, labels = pool.batch(idx, cont, partner)
         loss = model(input_ids=ids, labels=labels, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -46,7 +46,9 @@ class DataConfig:
     seed: int | None = opt(None, "Seed of the dataloader shuffle (null = trainer.seed)")
     validation_shuffle: bool = opt(False, "Shuffle the validation prompts")
     filter_overlong_prompts: bool = opt(False, "Drop prompts longer than max_prompt_length instead of failing")
-    truncation: str = opt("error", "Overlong prompts: error | left (keep the end) | right (keep the start)")
+    truncation: str = opt(
+        "error", "Overlong prompts: error | left (keep the end) | right (keep the start) | middle (keep both ends)"
+    )
     apply_chat_template_kwargs: dict = opt({}, "Extra keyword arguments for tokenizer.apply_chat_template")
     builtin_train_size: int = opt(4096, "Rows of the built-in task's training split (ours)")
     builtin_val_size: int = opt(256, "Rows of the built-in task's validation split (ours)")
