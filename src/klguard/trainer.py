@@ -116,12 +116,14 @@ class PPOTrainer:
                                                 micro_batch_size=cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
             kl = kl_penalty(out.old_logprobs, ref_logprobs, cfg.algorithm.kl_penalty) * mask
             current_kl = masked_mean(kl, mask, dim=-1).mean().item()  # verl: mean over sequences of token means
+            kl_seq_sum = kl.sum(-1).mean().item()
             beta = self.kl_ctrl.value
             if cfg.algorithm.use_kl_in_reward:
                 token_rewards = token_scores - beta * kl
-                self.kl_ctrl.update(current_kl, n_steps=len(rows))
+                controlled = kl_seq_sum if cfg.algorithm.kl_ctrl.kl_unit == "seq_sum" else current_kl
+                self.kl_ctrl.update(controlled, n_steps=len(rows))
             kl_metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta,
-                          "actor/kl_seq_sum": kl.sum(-1).mean().item()}
+                          "actor/kl_seq_sum": kl_seq_sum}
 
         # 5. values and advantages
         values = None

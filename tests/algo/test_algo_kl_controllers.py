@@ -129,8 +129,8 @@ def test_build_kl_controller() -> None:
     adaptive = build_kl_controller("adaptive", kl_coef=0.01, target_kl=0.2, horizon=500)
     assert isinstance(adaptive, AdaptiveKLController)
     assert (adaptive.value, adaptive.target_kl, adaptive.horizon) == (0.01, 0.2, 500.0)
-    with pytest.raises(ValueError, match=r"'pid'.*fixed.*adaptive"):
-        build_kl_controller("pid", kl_coef=0.1, target_kl=0.1, horizon=10)
+    with pytest.raises(ValueError, match=r"'nope'.*fixed.*adaptive.*pid"):
+        build_kl_controller("nope", kl_coef=0.1, target_kl=0.1, horizon=10)
 
 
 def test_registry_is_extensible(monkeypatch: pytest.MonkeyPatch) -> None:

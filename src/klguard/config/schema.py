@@ -196,10 +196,16 @@ class ProxyRewardConfig:
 # ----------------------------------------------------------------------------- algorithm
 @dataclass
 class KLCtrlConfig:
-    type: str = opt("fixed", "KL controller: fixed | adaptive (Ziegler et al. 2019)")
+    type: str = opt("fixed", "KL controller: fixed | adaptive (Ziegler et al. 2019) | pid (PI on log beta, ours)")
     kl_coef: float = opt(0.3, "Initial KL coefficient beta (verl: 0.001, which lets the demo hack)")
     horizon: int = opt(10000, "Adaptive controller horizon in rollouts")
-    target_kl: float = opt(0.015, "Adaptive controller's KL target per token (verl: 0.1; the seed: 0.015)")
+    target_kl: float = opt(0.015, "Controller's KL target in kl_unit (verl: 0.1; the seed: 0.015)")
+    kl_unit: str = opt(
+        "token_mean", "KL the controller sees: token_mean (verl, per token) | seq_sum (per sequence, as TRL) (ours)"
+    )
+    kp: float = opt(0.5, "pid: proportional gain on log(KL / target)")
+    ki: float = opt(0.1, "pid: integral gain on log(KL / target)")
+    kd: float = opt(0.0, "pid: derivative gain")
 
 
 @dataclass

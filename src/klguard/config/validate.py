@@ -11,7 +11,7 @@ from klguard.algo.loss import LOSS_AGG_MODES
 from klguard.config.schema import Config
 from klguard.errors import ConfigError
 
-KL_CTRL_TYPES = ("fixed", "adaptive")
+KL_CTRL_TYPES = ("fixed", "adaptive", "pid")
 STRATEGIES = ("fsdp2", "fsdp", "none")
 LOGGERS = ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow")
 
@@ -47,8 +47,11 @@ def _validate_algorithm(cfg: Config) -> None:
     _positive("algorithm.kl_ctrl.target_kl", ctrl.target_kl)
     if ctrl.horizon <= 0:
         _fail("algorithm.kl_ctrl.horizon", ctrl.horizon, "must be > 0")
-    if ctrl.type == "adaptive" and ctrl.kl_coef == 0:
-        _fail("algorithm.kl_ctrl.kl_coef", 0.0, "must be > 0 with an adaptive controller (it scales the value)")
+    if ctrl.type in ("adaptive", "pid") and ctrl.kl_coef == 0:
+        _fail("algorithm.kl_ctrl.kl_coef", 0.0, f"must be > 0 with a {ctrl.type} controller (it scales the value)")
+    _one_of("algorithm.kl_ctrl.kl_unit", ctrl.kl_unit, ("token_mean", "seq_sum"))
+    for gain in ("kp", "ki", "kd"):
+        _positive(f"algorithm.kl_ctrl.{gain}", getattr(ctrl, gain), allow_zero=True)
     for key, est in (("algorithm.kl_penalty", alg.kl_penalty),
                      ("actor_rollout_ref.actor.kl_loss_type", cfg.actor_rollout_ref.actor.kl_loss_type)):
         _one_of(key, est, KL_ESTIMATORS)

@@ -1,0 +1,19 @@
+"""The KL guard: a standalone monitor that turns a run's metrics into logged, automatic actions.
+
+Metrics in (a dict with verl's names), actions out (:class:`Action` records); the trainer applies
+them. Pure Python: usable from any trainer.
+
+    guard = KLGuard(GuardConfig(), total_steps=200, target_kl=0.015, kl_coef=0.001)
+    for step in range(1, 201):
+        metrics = train_step()
+        for action in guard.observe(step, metrics):
+            apply(action)
+"""
+
+from klguard.guard.actions import ACTION_KINDS, Action
+from klguard.guard.config import HACKING_ACTIONS, GuardConfig, default_target_kl
+from klguard.guard.guard import KLGuard
+from klguard.guard.signals import INPUT_METRICS
+
+__all__ = ["ACTION_KINDS", "HACKING_ACTIONS", "INPUT_METRICS", "Action", "GuardConfig", "KLGuard",
+           "default_target_kl"]

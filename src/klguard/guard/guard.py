@@ -1,0 +1,224 @@
+"""KLGuard: metrics in, actions out. Pure Python; it never touches optimizers, models or files.
+
+Call protocol (step numbers as the trainer's ``global_step``, the first training step being 1):
+
+1. optionally ``observe(0, val_metrics_or_empty)`` before training: returns the warm-up freeze
+   for step 1 and seeds the validation baseline;
+2. after each step ``s``: ``actions = observe(s, metrics)``; apply them in order before step s+1
+   (see :mod:`klguard.guard.actions`); log ``guard_metrics()``;
+3. after restoring a checkpoint for a ``rollback``: ``on_rollback(restored_step)``, then apply the
+   rest of that step's actions and any actions ``on_rollback`` returns. Keep the guard's live
+   state across the restore: do not load the guard state stored in the older checkpoint, or the
+   rollback counter and the tightening are lost;
+4. save ``state_dict()`` with each checkpoint; ``load_state_dict()`` on resume.
+
+The guard only ever tightens: kl_coef up, target_kl down, lr down, clipping on. The one exception
+is the end of the (opt-in) warm-up freeze.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from klguard.guard import rules
+from klguard.guard.actions import Action
+from klguard.guard.config import GuardConfig, default_target_kl
+from klguard.guard.hacking import Evidence, describe, measure_hacking
+from klguard.guard.signals import Observation, read_metrics
+from klguard.guard.state import ALARMS, HACK_SIGNALS, GuardState
+
+_STEP_ALARMS = ("ppo_kl", "penalty_share", "grad_norm", "kl_hard", "kl_spike")
+"""Alarms that describe the latest step only (the others persist: val_drop until the next
+validation, kl_slow with its streak)."""
+
+
+class KLGuard:
+    """Watches a run's metrics and returns the actions that keep its KL, and its reward, honest.
+
+    ``target_kl`` and ``kl_coef`` are the controller's starting values (``algorithm.kl_ctrl``);
+    ``target_kl`` defaults to :func:`default_target_kl` for one node, ``kl_coef`` is learnt from
+    ``actor/reward_kl_penalty_coeff`` when not given.
+    """
+
+    def __init__(self, cfg: GuardConfig, *, total_steps: int, target_kl: float | None = None,
+                 kl_coef: float | None = None) -> None:
+        cfg.validate()
+        if total_steps < 0:
+            raise ValueError(f"total_steps must be >= 0, got {total_steps}")
+        target = default_target_kl(1) if target_kl is None else float(target_kl)
+        if not math.isfinite(target) or target <= 0:
+            raise ValueError(f"target_kl must be a positive finite number, got {target_kl!r}")
+        if kl_coef is not None and (not math.isfinite(kl_coef) or kl_coef < 0):
+            raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
+        self.cfg = cfg
+        self.total_steps = int(total_steps)
+        self.warmup_steps = int(cfg.warmup_ratio * self.total_steps)
+        self._st = GuardState(target_kl=target, kl_coef=None if kl_coef is None else float(kl_coef))
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def target_kl(self) -> float:
+        return self._st.target_kl
+
+    @property
+    def kl_coef(self) -> float | None:
+        return self._st.kl_coef
+
+    @property
+    def lr_scale(self) -> float:
+        return self._st.lr_scale
+
+    @property
+    def rollbacks(self) -> int:
+        return self._st.rollbacks
+
+    def in_warmup(self, step: int) -> bool:
+        """Whether step ``step`` must run with kl_coef frozen at ``warmup_kl_coef`` (steps 1..warmup_steps)."""
+        cfg = self.cfg
+        return cfg.enable and cfg.warmup_kl_coef is not None and self.warmup_steps > 0 and step <= self.warmup_steps
+
+    def is_stable(self) -> bool:
+        """True when a checkpoint taken now is a safe rollback target: the KL is under the hard limit,
+        no alarm (rule or hacking) is active and the validation score is not falling."""
+        st = self._st
+        if not self.cfg.enable:
+            return True
+        kl_ok = st.last_kl is None or st.last_kl <= self.cfg.kl_hard_limit
+        return kl_ok and not any(st.alarms.values()) and not any(st.hack.values()) and not st.val_falling
+
+    def guard_metrics(self) -> dict[str, float]:
+        """``guard/*`` metrics for the latest step (flags as 0/1); empty when the guard is disabled."""
+        if not self.cfg.enable:
+            return {}
+        st = self._st
+        out = {f"guard/alarm_{name}": float(st.alarms[name]) for name in ALARMS}
+        out |= {f"guard/hack_{name}": float(st.hack[name]) for name in HACK_SIGNALS}
+        out |= {"guard/hacking_alarm": float(any(st.hack.values())), "guard/target_kl": st.target_kl,
+                "guard/lr_scale": st.lr_scale, "guard/rollbacks": float(st.rollbacks),
+                "guard/in_warmup": float(st.frozen), "guard/stable": float(self.is_stable())}
+        optional = {"guard/kl_coef": st.kl_coef, "guard/grad_clip": st.grad_clip,
+                    "guard/penalty_share": st.penalty_share, "guard/val_best": st.best_val}
+        out |= {k: float(v) for k, v in optional.items() if v is not None}
+        return out
+
+    # ------------------------------------------------------------------ the step
+    def observe(self, step: int, metrics: Mapping[str, float]) -> list[Action]:
+        """Take step ``step``'s metrics; return the actions to apply before the next step."""
+        if not self.cfg.enable:
+            return []
+        st, cfg = self._st, self.cfg
+        obs = read_metrics(metrics)
+        if obs.kl_coef is not None:
+            st.kl_coef = obs.kl_coef
+        st.last_step = step
+        for name in _STEP_ALARMS:
+            st.alarms[name] = False
+        rules.measure_ppo_kl(cfg, st, obs)
+        rules.measure_penalty_share(cfg, st, obs)
+        rules.measure_grad_norm(cfg, st, obs)
+        spike_threshold = rules.measure_kl(cfg, st, obs)
+        val_dropped = rules.measure_validation(cfg, st, obs)
+        evidence = measure_hacking(cfg, st, obs)
+
+        rollback = self._rollback(step, obs, val_dropped, evidence)
+        if rollback:
+            return rollback
+        actions = self._warmup_transition(step)
+        now, last = rules.act_ppo_kl(cfg, st, step, obs)
+        actions += now
+        actions += rules.act_grad_norm(cfg, st, step, obs)
+        actions += rules.act_penalty_share(cfg, st, step)
+        actions += rules.act_kl(cfg, st, step, obs, spike_threshold)
+        actions += self._act_hacking(step, evidence)
+        return actions + last
+
+    def _rollback(self, step: int, obs: Observation, val_dropped: bool, evidence: list[Evidence]) -> list[Action]:
+        """Rules 4, 5 and 9 (``hacking_action = rollback``): roll back and tighten, or pause when
+        the rollbacks are used up. At most one rollback per step; the first trigger names it."""
+        st, cfg = self._st, self.cfg
+        triggers: list[tuple[str, str | None, float | None, float | None, str]] = []
+        if st.alarms["kl_hard"] and obs.kl is not None:
+            triggers.append(("kl_hard", obs.kl_name, obs.kl, cfg.kl_hard_limit,
+                             f"{obs.kl_name} {obs.kl:.4g} is above the hard limit {cfg.kl_hard_limit:.4g}"))
+        if val_dropped and st.best_val is not None and obs.val is not None:
+            limit = st.best_val * (1 - cfg.val_drop_max)
+            triggers.append(("val_drop", rules.VAL_METRIC, obs.val, limit, f"the validation score {obs.val:.4g} fell "
+                             f"more than {cfg.val_drop_max:.0%} below its best {st.best_val:.4g}"))
+        if cfg.hacking_action == "rollback" and evidence and st.ready("hacking", step, cfg.cooldown):
+            st.fired("hacking", step)
+            first = evidence[0]
+            triggers.append(("hacking", first.metric, first.value, first.threshold, describe(evidence)))
+        if not triggers:
+            return []
+        rule, metric, value, threshold, why = triggers[0]
+        if st.rollbacks >= cfg.max_rollbacks:
+            return [Action("pause", f"{why}, and all {cfg.max_rollbacks} rollbacks are used: pause the run.",
+                           metric, value, threshold, None, None, step, rule)]
+        st.rollbacks += 1
+        out = [Action("rollback", f"{why}: roll back to the last stable checkpoint (rollback {st.rollbacks} of "
+                      f"{cfg.max_rollbacks}).", metric, value, threshold, st.rollbacks - 1, st.rollbacks, step, rule)]
+        tighten = [rules.lower_target_kl(cfg, st, step, rule, "After a rollback", metric, value, threshold),
+                   rules.raise_kl_coef(cfg, st, step, rule, cfg.rollback_kl_coef_factor, "After a rollback", metric,
+                                       value, threshold)]
+        return out + [a for a in tighten if a is not None]
+
+    def _act_hacking(self, step: int, evidence: list[Evidence]) -> list[Action]:
+        st, cfg = self._st, self.cfg
+        if not evidence or cfg.hacking_action == "rollback" or not st.ready("hacking", step, cfg.cooldown):
+            return []
+        st.fired("hacking", step)
+        first, why = evidence[0], describe(evidence)
+        out = [Action("warn", why + ".", first.metric, first.value, first.threshold, None,
+                      None, step, "hacking")]
+        if cfg.hacking_action == "raise_kl_coef":
+            action = rules.raise_kl_coef(cfg, st, step, "hacking", cfg.hacking_kl_coef_factor, why, first.metric,
+                                         first.value, first.threshold)
+            out += [action] if action is not None else []
+        return out
+
+    def _warmup_transition(self, step: int) -> list[Action]:
+        """Freeze kl_coef when the next step is in the warm-up, release it when it is not."""
+        st, held = self._st, self.cfg.warmup_kl_coef
+        want = self.in_warmup(step + 1)
+        if want and not st.frozen and held is not None:
+            st.frozen, st.resume_kl_coef, old = True, st.kl_coef, st.kl_coef
+            st.kl_coef = held
+            return [Action("freeze_kl_coef", f"Warm-up: hold kl_coef at {held:.4g} up to step {self.warmup_steps}.",
+                           None, None, None, old, held, step, "warmup")]
+        if st.frozen and not want:
+            st.frozen = False
+            new, st.resume_kl_coef = st.resume_kl_coef, None
+            if new is not None:
+                st.kl_coef = new
+            resume = "its own value" if new is None else f"{new:.4g}"
+            return [Action("release_kl_coef", f"Warm-up over: the KL controller resumes from {resume}.", None, None,
+                           None, held, new, step, "warmup")]
+        return []
+
+    # ------------------------------------------------------------------ rollback and state
+    def on_rollback(self, to_step: int) -> list[Action]:
+        """The trainer restored the state of step ``to_step``: clear the windows that would fire again
+        at once (KL history, streaks, validation best, alarms), keep the tightened target_kl/kl_coef,
+        lr scale, grad clip, rollback count and the hacking baselines. Returns the warm-up action the
+        restored position needs (usually none)."""
+        st = self._st
+        st.kl_history.clear()
+        st.last_kl = st.penalty_share = st.best_val = st.prev_val = st.prev_proxy = None
+        st.slow_streak = st.ppo_kl_streak = st.proxy_n = 0
+        st.proxy_sum = 0.0
+        st.val_falling = False
+        st.alarms = dict.fromkeys(ALARMS, False)
+        st.hack = dict.fromkeys(HACK_SIGNALS, False)
+        st.last_fired = {rule: min(last, to_step) for rule, last in st.last_fired.items()}
+        st.last_step = to_step
+        return self._warmup_transition(to_step) if self.cfg.enable else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy of the guard's state."""
+        return self._st.to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`; the guard then continues as if never interrupted."""
+        self._st = GuardState.from_dict(dict(state))

@@ -1,0 +1,205 @@
+"""The guard's rules 1-6: each has a ``measure_*`` part (alarms, streaks, windows; runs every step)
+and an ``act_*`` part (actions; skipped on a step that rolls back)."""
+
+from __future__ import annotations
+
+from klguard.guard.actions import Action
+from klguard.guard.config import GuardConfig
+from klguard.guard.signals import GRAD_NORM, KL_SEQ_SUM, PPO_KL, Observation, median, penalty_share
+from klguard.guard.state import GuardState
+
+VAL_METRIC = "val-core/*/acc/*"
+
+
+def raise_kl_coef(cfg: GuardConfig, st: GuardState, step: int, rule: str, factor: float, why: str,
+                  metric: str | None, value: float | None, threshold: float | None) -> Action | None:
+    """Multiply the guard's beta by ``factor`` (capped at ``kl_coef_max``).
+
+    None while warm-up holds beta, when beta is unknown, or when it would not change (0 or at the cap).
+    """
+    old = st.kl_coef
+    if st.frozen or old is None:
+        return None
+    new = min(old * factor, cfg.kl_coef_max)
+    if not new > old:
+        return None
+    st.kl_coef = new
+    return Action("raise_kl_coef", f"{why}: raise kl_coef from {old:.4g} to {new:.4g}.", metric, value,
+                  threshold, old, new, step, rule)
+
+
+def lower_target_kl(cfg: GuardConfig, st: GuardState, step: int, rule: str, why: str, metric: str | None,
+                    value: float | None, threshold: float | None) -> Action | None:
+    """Lower the guard's target_kl by ``target_kl_step`` down to ``target_kl_min``; None if already there."""
+    old = st.target_kl
+    new = max(old - cfg.target_kl_step, cfg.target_kl_min)
+    if not new < old:
+        return None
+    st.target_kl = new
+    return Action("lower_target_kl", f"{why}: lower target_kl from {old:.4g} to {new:.4g}.", metric, value,
+                  threshold, old, new, step, rule)
+
+
+# ------------------------------------------------------------------ rule 1: actor/ppo_kl
+
+
+def measure_ppo_kl(cfg: GuardConfig, st: GuardState, obs: Observation) -> None:
+    if obs.ppo_kl is None:
+        return  # e.g. critic warm-up: neither extends nor breaks the streak
+    above = obs.ppo_kl > cfg.ppo_kl_max
+    st.alarms["ppo_kl"] = above
+    st.ppo_kl_streak = st.ppo_kl_streak + 1 if above else 0
+
+
+def act_ppo_kl(cfg: GuardConfig, st: GuardState, step: int, obs: Observation) -> tuple[list[Action], list[Action]]:
+    """Warn and cut the lr when an excursion above the max starts; pause every ``patience`` steps of it.
+
+    Returns (actions now, actions that go last: the pause).
+    """
+    if obs.ppo_kl is None or not st.alarms["ppo_kl"]:
+        return [], []
+    now: list[Action] = []
+    value, limit = obs.ppo_kl, cfg.ppo_kl_max
+    if st.ppo_kl_streak == 1:
+        now.append(Action("warn", f"actor/ppo_kl {value:.4g} is above {limit:.4g}: the policy moves too far per "
+                          "update.", PPO_KL, value, limit, None, None, step, "ppo_kl"))
+        old = st.lr_scale
+        new = max(old * cfg.lr_cut_factor, cfg.lr_floor_scale)
+        if new < old and st.ready("ppo_kl", step, cfg.cooldown):
+            lr = "" if obs.lr is None else f" (lr {obs.lr:.3g} -> {obs.lr * new / old:.3g})"
+            now.append(Action("cut_lr", f"actor/ppo_kl {value:.4g} is above {limit:.4g}: cut the lr scale from "
+                              f"{old:.4g} to {new:.4g}{lr}.", PPO_KL, value, limit, old, new, step, "ppo_kl"))
+            st.lr_scale = new
+            st.fired("ppo_kl", step)
+    last: list[Action] = []
+    if st.ppo_kl_streak % cfg.patience == 0:
+        last.append(Action("pause", f"actor/ppo_kl has stayed above {limit:.4g} for {st.ppo_kl_streak} steps: pause "
+                           "the run.", PPO_KL, value, limit, None, None, step, "ppo_kl"))
+    return now, last
+
+
+# ------------------------------------------------------------------ rule 2: penalty share
+
+
+def measure_penalty_share(cfg: GuardConfig, st: GuardState, obs: Observation) -> None:
+    st.penalty_share = penalty_share(obs)
+    st.alarms["penalty_share"] = st.penalty_share is not None and st.penalty_share > cfg.penalty_share_max
+
+
+def act_penalty_share(cfg: GuardConfig, st: GuardState, step: int) -> list[Action]:
+    """The seed's rule: penalty share above ``penalty_share_max`` -> raise kl_coef.
+
+    Odd at first sight (a large share means KL is already expensive), but it reads: the policy pays
+    a lot of KL for its reward, i.e. it is drifting from the reference faster than the penalty holds
+    it, and tightening stops the drift. Raising beta raises the share at once (beta * S), so the
+    rule leans on its cooldown and on ``kl_coef_max``; the share falls only as the KL falls.
+    """
+    share = st.penalty_share
+    if share is None or not st.alarms["penalty_share"] or not st.ready("penalty_share", step, cfg.cooldown):
+        return []
+    why = f"The KL penalty is {share:.1%} of the score (max {cfg.penalty_share_max:.1%}), the policy is drifting"
+    action = raise_kl_coef(cfg, st, step, "penalty_share", cfg.kl_coef_raise_factor, why, KL_SEQ_SUM, share,
+                           cfg.penalty_share_max)
+    if action is None:
+        return []
+    st.fired("penalty_share", step)
+    return [action]
+
+
+# ------------------------------------------------------------------ rule 3: gradient norm
+
+
+def measure_grad_norm(cfg: GuardConfig, st: GuardState, obs: Observation) -> None:
+    if obs.grad_clip is not None:
+        st.grad_clip = obs.grad_clip
+    st.alarms["grad_norm"] = obs.grad_norm is not None and obs.grad_norm > cfg.grad_norm_max
+
+
+def act_grad_norm(cfg: GuardConfig, st: GuardState, step: int, obs: Observation) -> list[Action]:
+    """Turn clipping on at ``grad_clip_on_alarm`` when it is off, unknown or looser."""
+    clip, target = st.grad_clip, cfg.grad_clip_on_alarm
+    if not st.alarms["grad_norm"] or (clip is not None and 0 < clip <= target):
+        return []
+    st.grad_clip = target
+    state = "unknown" if clip is None else ("off" if clip <= 0 else f"{clip:.4g}")
+    reason = (f"actor/grad_norm {obs.grad_norm:.4g} is above {cfg.grad_norm_max:.4g}: set gradient clipping to "
+              f"{target:.4g} (was {state}).")
+    return [Action("set_grad_clip", reason, GRAD_NORM, obs.grad_norm, cfg.grad_norm_max, clip, target, step,
+                   "grad_norm")]
+
+
+# ------------------------------------------------------------------ rule 6: KL spikes and slow control
+
+
+def measure_kl(cfg: GuardConfig, st: GuardState, obs: Observation) -> float | None:
+    """Spike: KL above ``spike_factor`` x the median of the previous ``spike_window`` values (at least
+    ``spike_min_history`` of them, median > 0) and above target_kl. Slow: KL above target_kl for
+    ``slow_window`` consecutive steps. Returns the spike threshold (None without enough history)."""
+    kl = obs.kl
+    if kl is None:
+        return None
+    st.last_kl = kl
+    st.alarms["kl_hard"] = kl > cfg.kl_hard_limit
+    hist = st.kl_history
+    threshold = None
+    if len(hist) >= cfg.spike_min_history:
+        threshold = cfg.spike_factor * median(hist)
+    st.alarms["kl_spike"] = threshold is not None and threshold > 0 and kl > threshold and kl > st.target_kl
+    hist.append(kl)
+    del hist[:-cfg.spike_window]
+    st.slow_streak = st.slow_streak + 1 if kl > st.target_kl else 0
+    st.alarms["kl_slow"] = st.slow_streak >= cfg.slow_window
+    return threshold
+
+
+def act_kl(cfg: GuardConfig, st: GuardState, step: int, obs: Observation, spike_threshold: float | None
+           ) -> list[Action]:
+    out: list[Action] = []
+    if obs.kl is None:
+        return out
+    kl, name = obs.kl, obs.kl_name
+    if st.alarms["kl_spike"] and st.ready("kl_spike", step, cfg.cooldown):
+        why = f"{name} {kl:.4g} spiked above {cfg.spike_factor:g}x its running median"
+        action = lower_target_kl(cfg, st, step, "kl_spike", why, name, kl, spike_threshold)
+        if action is not None:
+            out.append(action)
+            st.fired("kl_spike", step)
+    if st.alarms["kl_slow"] and st.ready("kl_slow", step, cfg.cooldown):
+        why = f"{name} has stayed above target_kl for {st.slow_streak} steps, the controller is too slow"
+        action = raise_kl_coef(cfg, st, step, "kl_slow", cfg.slow_kl_coef_factor, why, name, kl, st.target_kl)
+        if action is not None:
+            out.append(action)
+            st.fired("kl_slow", step)
+            st.slow_streak = 0
+    return out
+
+
+# ------------------------------------------------------------------ rule 4: validation
+
+
+def measure_validation(cfg: GuardConfig, st: GuardState, obs: Observation) -> bool:
+    """Update the best/previous validation score; True when this validation dropped too far.
+
+    Drop = (best - val) / best (only when best > 0). Also closes the proxy-score interval and sets
+    the proxy-vs-validation divergence signal (validation fell while the mean proxy score rose, both
+    by more than ``val_fall_tol`` relative to the previous validation interval).
+    """
+    if obs.score is not None:
+        st.proxy_sum += obs.score
+        st.proxy_n += 1
+    val = obs.val
+    if val is None:
+        return False
+    best = val if st.best_val is None else st.best_val
+    st.alarms["val_drop"] = best > 0 and (best - val) / best > cfg.val_drop_max
+    prev = st.prev_val
+    st.val_falling = prev is not None and prev - val > cfg.val_fall_tol * abs(prev)
+    proxy = st.proxy_sum / st.proxy_n if st.proxy_n else None
+    before = st.prev_proxy
+    st.hack["proxy_val_divergence"] = (st.val_falling and proxy is not None and before is not None
+                                       and proxy - before > cfg.val_fall_tol * abs(before))
+    if proxy is not None:
+        st.prev_proxy = proxy
+    st.proxy_sum, st.proxy_n = 0.0, 0
+    st.best_val, st.prev_val = max(best, val), val
+    return st.alarms["val_drop"]

@@ -1,0 +1,104 @@
+"""Reading the guard's inputs from a step's metrics dict (verl's metric names).
+
+A metric that is absent or not finite counts as "no information this step": rules that need it
+neither fire nor advance their streaks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PPO_KL = "actor/ppo_kl"
+REF_KL = "actor/reward_kl_penalty"
+REF_KL_LOSS = "actor/kl_loss"
+KL_COEF = "actor/reward_kl_penalty_coeff"
+KL_SEQ_SUM = "actor/kl_seq_sum"
+SCORE = "critic/score/mean"
+GRAD_NORM = "actor/grad_norm"
+GRAD_CLIP = "actor/grad_clip"
+LR = "actor/lr"
+LENGTH = "response_length/mean"
+ENTROPY = "actor/entropy"
+LENGTH_CORR = "hacking/length_reward_corr"
+VAL_PREFIX = "val-core/"
+VAL_PART = "/acc/"
+
+INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_SEQ_SUM, SCORE, GRAD_NORM, GRAD_CLIP,
+                                  LR, LENGTH, ENTROPY, LENGTH_CORR, "val-core/*/acc/*")
+"""Every metric the guard reads."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One step's guard inputs; ``None`` where the metric is missing or not finite."""
+
+    ppo_kl: float | None = None
+    kl: float | None = None
+    kl_name: str = REF_KL
+    kl_coef: float | None = None
+    kl_seq_sum: float | None = None
+    score: float | None = None
+    grad_norm: float | None = None
+    grad_clip: float | None = None
+    lr: float | None = None
+    length: float | None = None
+    entropy: float | None = None
+    length_corr: float | None = None
+    val: float | None = None
+
+
+def _get(metrics: Mapping[str, float], key: str) -> float | None:
+    value = metrics.get(key)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def validation_score(metrics: Mapping[str, float]) -> float | None:
+    """Mean of the finite ``val-core/<source>/acc/<stat>`` metrics present (None if none)."""
+    values = [_get(metrics, k) for k in metrics if k.startswith(VAL_PREFIX) and VAL_PART in k]
+    found = [v for v in values if v is not None]
+    return sum(found) / len(found) if found else None
+
+
+def read_metrics(metrics: Mapping[str, float]) -> Observation:
+    """Extract the guard's inputs. The reference KL is ``actor/reward_kl_penalty`` (KL in the
+    reward), else ``actor/kl_loss`` (KL as a loss), both per-token means."""
+    kl, kl_name = _get(metrics, REF_KL), REF_KL
+    if kl is None:
+        kl, kl_name = _get(metrics, REF_KL_LOSS), REF_KL_LOSS
+    return Observation(
+        ppo_kl=_get(metrics, PPO_KL), kl=kl, kl_name=kl_name, kl_coef=_get(metrics, KL_COEF),
+        kl_seq_sum=_get(metrics, KL_SEQ_SUM), score=_get(metrics, SCORE), grad_norm=_get(metrics, GRAD_NORM),
+        grad_clip=_get(metrics, GRAD_CLIP), lr=_get(metrics, LR), length=_get(metrics, LENGTH),
+        entropy=_get(metrics, ENTROPY), length_corr=_get(metrics, LENGTH_CORR), val=validation_score(metrics),
+    )
+
+
+def penalty_share(obs: Observation) -> float | None:
+    """Share of the KL penalty in the reward: ``beta * S / |m|``.
+
+    ``beta`` is ``actor/reward_kl_penalty_coeff``, ``S`` is ``actor/kl_seq_sum`` (the KL summed over
+    each response's tokens, averaged over the batch, so ``beta * S`` is the mean penalty a sequence
+    pays) and ``m`` is ``critic/score/mean``. ``|m|`` stands in for the mean absolute score; the two
+    agree when all scores have one sign, as with the built-in proxy reward. None when an input is
+    missing, ``m`` is 0 or the share overflows. Measured per sequence, not per token, so length hacking (one costly
+    skipped EOS spread over many tokens) still shows up in full.
+    """
+    if obs.kl_coef is None or obs.kl_seq_sum is None or obs.score is None or obs.score == 0:
+        return None
+    share = obs.kl_coef * obs.kl_seq_sum / abs(obs.score)
+    return share if math.isfinite(share) else None
+
+
+def median(values: list[float]) -> float:
+    """Median of a non-empty list (mean of the two middle values for an even count)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -1,0 +1,81 @@
+"""Everything the guard remembers between steps, as one JSON-serialisable record."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+STATE_VERSION = 1
+
+ALARMS: tuple[str, ...] = ("ppo_kl", "penalty_share", "grad_norm", "val_drop", "kl_hard", "kl_spike", "kl_slow")
+"""Rule alarms, reported as ``guard/alarm_<name>``."""
+
+HACK_SIGNALS: tuple[str, ...] = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence")
+"""Reward-hacking signals, reported as ``guard/hack_<name>``; any of them raises the hacking alarm."""
+
+
+@dataclass
+class GuardState:
+    """Mutable guard state. Lists and dicts only, so ``asdict`` round-trips through JSON exactly."""
+
+    # What the guard believes the trainer is using (its own view, updated from metrics)
+    target_kl: float
+    kl_coef: float | None = None
+    lr_scale: float = 1.0
+    grad_clip: float | None = None
+    # Rollbacks and warm-up
+    rollbacks: int = 0
+    frozen: bool = False
+    resume_kl_coef: float | None = None
+    # Windows and streaks
+    ppo_kl_streak: int = 0
+    slow_streak: int = 0
+    kl_history: list[float] = field(default_factory=list)
+    last_kl: float | None = None
+    penalty_share: float | None = None
+    # Validation
+    best_val: float | None = None
+    prev_val: float | None = None
+    val_falling: bool = False
+    # Proxy score (critic/score/mean) averaged between validations
+    proxy_sum: float = 0.0
+    proxy_n: int = 0
+    prev_proxy: float | None = None
+    # Hacking-detector baselines: the first baseline_window values seen
+    length_base: list[float] = field(default_factory=list)
+    entropy_base: list[float] = field(default_factory=list)
+    # Flags of the latest step, and the step each rule last fired
+    alarms: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(ALARMS, False))
+    hack: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(HACK_SIGNALS, False))
+    last_fired: dict[str, int] = field(default_factory=dict)
+    last_step: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> GuardState:
+        state = dict(state)
+        version = state.pop("version", STATE_VERSION)
+        if version != STATE_VERSION:
+            raise ValueError(f"guard state version {version!r} is not supported (expected {STATE_VERSION})")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(state) - known)
+        if unknown:
+            raise ValueError(f"unknown guard state keys: {', '.join(unknown)}")
+        out = cls(**state)
+        # Copy the containers so the caller's dict is never aliased
+        out.kl_history, out.length_base, out.entropy_base = list(out.kl_history), list(out.length_base), list(
+            out.entropy_base)
+        out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
+        out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}
+        out.last_fired = {str(k): int(v) for k, v in out.last_fired.items()}
+        return out
+
+    def ready(self, rule: str, step: int, cooldown: int) -> bool:
+        """Whether ``rule`` is out of its cooldown at ``step``."""
+        last = self.last_fired.get(rule)
+        return last is None or step - last >= cooldown
+
+    def fired(self, rule: str, step: int) -> None:
+        self.last_fired[rule] = step

@@ -1,0 +1,135 @@
+"""Rollbacks (rules 4 and 5), their bound, on_rollback, stable checkpoints and the warm-up (rule 7)."""
+
+from __future__ import annotations
+
+import pytest
+from guard_streams import QUIET, make, steps
+
+VAL = "val-core/arith/acc/mean@1"
+HARD = {"actor/reward_kl_penalty": 0.051}
+
+
+def test_kl_hard_limit_rolls_back_and_tightens() -> None:
+    d = make()
+    d.run(steps({3: {"actor/reward_kl_penalty": 0.05}, 4: HARD}, 4))  # 0.05 is not above the limit
+    assert d.fired() == {4: ["rollback", "lower_target_kl", "raise_kl_coef"]}
+    rollback, lower, raise_ = d.log[4]
+    assert (rollback.rule, rollback.metric, rollback.value, rollback.threshold) == (
+        "kl_hard", "actor/reward_kl_penalty", 0.051, 0.05)
+    assert (rollback.old, rollback.new) == (0, 1)
+    assert (lower.old, lower.new) == (0.015, pytest.approx(0.01))
+    assert (raise_.old, raise_.new) == (0.1, pytest.approx(0.2))
+    assert d.metrics[4]["guard/rollbacks"] == 1.0 and d.metrics[4]["guard/alarm_kl_hard"] == 1.0
+
+
+def test_kl_loss_is_the_fallback_kl() -> None:
+    d = make()
+    stream = steps({2: {"actor/kl_loss": 0.06}}, 2)
+    for _, m in stream:
+        m.pop("actor/reward_kl_penalty")
+    d.run(stream)
+    assert d.kinds(2)[0] == "rollback" and d.log[2][0].metric == "actor/kl_loss"
+
+
+def test_rollbacks_are_bounded_then_pause() -> None:
+    d = make()
+    for step in (5, 10, 15, 20, 25):
+        d.run(steps({step: HARD}, step, start=step))
+        if d.kinds(step)[0] == "rollback":
+            d.guard.on_rollback(step - 3)
+    assert [d.kinds(s)[0] for s in (5, 10, 15, 20, 25)] == ["rollback"] * 3 + ["pause"] * 2
+    assert d.log[20] == d.log[20][:1]  # a pause alone: no tightening, no rollback
+    assert "3 rollbacks are used" in d.log[20][0].reason
+    assert d.guard.rollbacks == 3
+    assert d.guard.target_kl == pytest.approx(0.002)  # 0.015 -> 0.01 -> 0.005 -> floor
+    assert d.guard.kl_coef == pytest.approx(0.8)  # 0.1 x 2 x 2 x 2
+
+
+def test_max_rollbacks_zero_pauses_at_once() -> None:
+    d = make(max_rollbacks=0)
+    d.run(steps({1: HARD}, 1))
+    assert d.kinds(1) == ["pause"]
+
+
+def test_validation_drop_rolls_back() -> None:
+    d = make()
+    d.guard.observe(0, {VAL: 0.6})
+    vals = {5: {VAL: 0.62, "val-aux/arith/score/mean@1": 0.0}, 10: {VAL: 0.59}, 15: {VAL: 0.58}}
+    d.run(steps(vals, 16))
+    # best 0.62: 0.59 is a 4.8% drop (quiet), 0.58 a 6.5% drop
+    assert d.fired() == {15: ["rollback", "lower_target_kl", "raise_kl_coef"]}
+    assert d.log[15][0].threshold == pytest.approx(0.62 * 0.95) and d.log[15][0].rule == "val_drop"
+    assert d.metrics[16]["guard/alarm_val_drop"] == 1.0  # holds until the next validation
+
+
+def test_validation_score_is_the_mean_of_val_core_acc() -> None:
+    d = make()
+    d.guard.observe(0, {VAL: 0.8, "val-core/gsm8k/acc/mean@1": 0.4, "val-core/gsm8k/reward/mean@1": 100.0})
+    assert d.guard.guard_metrics()["guard/val_best"] == pytest.approx(0.6)
+
+
+def test_on_rollback_clears_windows_but_keeps_tightening() -> None:
+    d = make()
+    warm = {"actor/reward_kl_penalty": 0.02}
+    d.run(steps({s: warm for s in range(1, 9)} | {9: HARD}, 9))
+    assert d.kinds(9)[0] == "rollback"
+    assert d.guard.on_rollback(5) == []
+    assert d.guard.is_stable() and d.guard.target_kl == pytest.approx(0.01)
+    # The slow streak restarted: KL above the new target 0.01 from step 6 fires at step 15, not earlier
+    d.run(steps({s: warm for s in range(6, 20)}, 15, start=6))
+    assert [s for s in range(6, 16) if d.kinds(s)] == [15]
+
+
+def test_is_stable() -> None:
+    d = make()
+    d.guard.observe(0, {VAL: 0.6})
+    d.run(steps({}, 3))
+    assert d.guard.is_stable() and d.metrics[3]["guard/stable"] == 1.0
+    d.run(steps({4: {VAL: 0.58}}, 4, start=4))  # falling by 3.3% > 2%, not yet a 5% drop
+    assert d.fired() == {} and not d.guard.is_stable()
+    d.run(steps({5: {VAL: 0.585}}, 5, start=5))
+    assert d.guard.is_stable()
+    d.run(steps({6: {"actor/grad_norm": 11.0}}, 6, start=6))  # an alarm (grad clip already on)
+    assert not d.guard.is_stable()
+    d.run(steps({}, 7, start=7))
+    assert d.guard.is_stable()
+
+
+# ------------------------------------------------------------------ rule 7: warm-up
+
+
+def test_warmup_freeze_and_release_boundaries() -> None:
+    d = make(total_steps=50, warmup_kl_coef=0.0)  # 20% of 50: steps 1..10 frozen
+    assert [d.guard.in_warmup(s) for s in (0, 1, 10, 11)] == [True, True, True, False]
+    start = d.guard.observe(0, {})
+    assert [(a.kind, a.old, a.new) for a in start] == [("freeze_kl_coef", 0.1, 0.0)]
+    d.beta = 0.0
+    warm = {"actor/reward_kl_penalty": 0.02}  # KL above target: the slow rule would raise kl_coef
+    d.run(steps({s: warm for s in range(1, 30)}, 12))
+    assert d.fired() == {10: ["release_kl_coef", "raise_kl_coef"]}
+    release, raise_ = d.log[10]
+    assert (release.old, release.new) == (0.0, 0.1)  # resumes from the configured value
+    assert (raise_.old, raise_.new) == (0.1, pytest.approx(0.12))  # raised after the release, not during
+    assert d.metrics[9]["guard/in_warmup"] == 1.0 and d.metrics[10]["guard/in_warmup"] == 0.0
+
+
+def test_no_warmup_by_default() -> None:
+    d = make()
+    assert not d.guard.in_warmup(1) and d.guard.observe(0, {}) == []
+
+
+def test_warmup_without_step_zero_freezes_at_step_one() -> None:
+    d = make(total_steps=10, warmup_kl_coef=0.001, kl_coef=None)
+    d.run(steps({}, 3))
+    assert d.fired() == {1: ["freeze_kl_coef"], 2: ["release_kl_coef"]}  # warm-up: steps 1..2
+    assert d.log[1][0].old == QUIET["actor/reward_kl_penalty_coeff"] and d.log[2][0].new == 0.1
+
+
+def test_rollback_into_warmup_freezes_again() -> None:
+    d = make(total_steps=50, warmup_kl_coef=0.01)
+    d.guard.observe(0, {})
+    d.run(steps({12: HARD}, 12))
+    assert d.kinds(10) == ["release_kl_coef"] and d.kinds(12)[0] == "rollback"
+    again = d.guard.on_rollback(5)
+    assert [(a.kind, a.new) for a in again] == [("freeze_kl_coef", 0.01)]
+    assert d.guard.in_warmup(6)
