@@ -67,18 +67,53 @@ class RunState:
             "actor_sched": trainer.actor_sched.state_dict(),
             "critic_sched": trainer.critic_sched.state_dict() if trainer.critic_sched else None,
             "rng": rng_state(),
+            "guard": trainer.guard.state_dict(),
+            "stable": trainer.guard.is_stable(),
+            "lr_scale": trainer.lr_scale,
+            "actor_grad_clip": trainer.actor_grad_clip,
+            "kl_frozen": trainer.kl_frozen,
         }
         return self.manager.save(trainer.global_step, write, state)
 
+    def latest_stable(self) -> Path | None:
+        """The newest checkpoint marked stable by the guard when it was written."""
+        for step in reversed(self.manager.steps()):
+            if load_state(self.manager.path(step)).get("stable", False):
+                return self.manager.path(step)
+        return None
+
     def restore(self, folder: Path, trainer: PPOTrainer) -> int:
-        """Load optimizer, schedule, controller, sampler and RNG state; models are loaded by the caller."""
+        """Resume: optimizer, schedule, controller, guard, sampler and RNG state (the caller loaded the
+        models from the checkpoint's HF folders)."""
         state = load_state(folder)
+        self._load_optimizers(folder, state, trainer)
+        trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        trainer.sampler.load_state_dict(state["sampler"])
+        trainer.guard.load_state_dict(state["guard"])
+        trainer.lr_scale, trainer.kl_frozen = state["lr_scale"], state["kl_frozen"]
+        trainer.actor_grad_clip = state["actor_grad_clip"]
+        trainer.apply_lr_scale()
+        set_rng_state(state["rng"])
+        return int(state["global_step"])
+
+    def restore_weights(self, folder: Path, trainer: PPOTrainer) -> int:
+        """Rollback: weights and optimizer states only; returns the checkpoint's step."""
+        from klguard.model.loading import load_critic, load_policy
+
+        state = load_state(folder)
+        fresh = load_policy(folder / "actor", trainer.cfg, trainable=True, device=trainer.device)
+        trainer.actor.load_state_dict(fresh.state_dict())
+        if trainer.critic is not None:
+            critic = load_critic(trainer.policy_path, trainer.cfg, device=trainer.device, resume_path=folder / "critic")
+            trainer.critic.load_state_dict(critic.state_dict())
+        self._load_optimizers(folder, state, trainer)
+        trainer.apply_lr_scale()
+        return int(state["global_step"])
+
+    @staticmethod
+    def _load_optimizers(folder: Path, state: dict, trainer: PPOTrainer) -> None:
         trainer.actor_optim.load_state_dict(load_tensors(folder / "actor_optim.pt"))
         trainer.actor_sched.load_state_dict(state["actor_sched"])
         if trainer.critic is not None:
             trainer.critic_optim.load_state_dict(load_tensors(folder / "critic_optim.pt"))
             trainer.critic_sched.load_state_dict(state["critic_sched"])
-        trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        trainer.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        return int(state["global_step"])

@@ -18,6 +18,7 @@ from klguard.algo.stats import masked_mean
 from klguard.config import Config, config_to_yaml
 from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
+from klguard.guard_runtime import GuardRuntime
 from klguard.metrics import rollout_metrics, validation_metrics
 from klguard.model.loading import (
     load_critic,
@@ -71,6 +72,10 @@ class PPOTrainer:
                                                              self.total_steps)
         self.critic_optim, self.critic_sched = (build_optimizer(self.critic, config.critic.optim, self.total_steps)
                                                 if self.critic is not None else (None, None))
+        self.lr_scale = 1.0  # the guard's multiplier of the scheduled actor lr
+        self.actor_grad_clip = config.actor_rollout_ref.actor.grad_clip
+        self.kl_frozen = False  # the guard's warm-up holds the KL coefficient
+        self.guard = GuardRuntime(self)
         if resume_from:
             self.global_step = self.state.restore(resume_from, self)
             log(f"klguard: resumed from {resume_from} at step {self.global_step}")
@@ -121,7 +126,8 @@ class PPOTrainer:
             if cfg.algorithm.use_kl_in_reward:
                 token_rewards = token_scores - beta * kl
                 controlled = kl_seq_sum if cfg.algorithm.kl_ctrl.kl_unit == "seq_sum" else current_kl
-                self.kl_ctrl.update(controlled, n_steps=len(rows))
+                if not self.kl_frozen:
+                    self.kl_ctrl.update(controlled, n_steps=len(rows))
             kl_metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta,
                           "actor/kl_seq_sum": kl_seq_sum}
 
@@ -150,8 +156,11 @@ class PPOTrainer:
             with _timed(timing, "update_actor"):
                 update_metrics |= update_actor(self.actor, self.actor_optim, batch, actor_cfg,
                                                mini_batch_size=actor_cfg.ppo_mini_batch_size * rollout_cfg.n,
-                                               temperature=rollout_cfg.temperature, generator=gen)
+                                               temperature=rollout_cfg.temperature, generator=gen,
+                                               grad_clip=self.actor_grad_clip)
+            update_metrics["actor/grad_clip"] = self.actor_grad_clip
             self.actor_sched.step()
+            self.apply_lr_scale()
 
         # 7. metrics
         timing["step"] = time.perf_counter() - started
@@ -191,25 +200,54 @@ class PPOTrainer:
             results.append((part, out, self._score(part, out)))
         return validation_metrics(results, kw.n)
 
+    # ------------------------------------------------------------------ guard hooks
+    def apply_lr_scale(self) -> None:
+        """Scheduled lr times the guard's scale (LambdaLR recomputes from base lrs every step)."""
+        for group, base in zip(self.actor_optim.param_groups, self.actor_sched.get_last_lr(), strict=True):
+            group["lr"] = base * self.lr_scale
+
+    def rollback_to_stable(self) -> int:
+        """Restore the weights and optimizer states of the newest stable checkpoint (the initial
+        policy when there is none); the step counter, data position and guard state go on."""
+        folder = self.state.latest_stable()
+        if folder is None:
+            self.actor.load_state_dict(load_policy(self.policy_path, self.cfg, trainable=True,
+                                                   device=self.device).state_dict())
+            if self.critic is not None:
+                self.critic.load_state_dict(load_critic(self.policy_path, self.cfg, device=self.device).state_dict())
+            for optim in (self.actor_optim, self.critic_optim):
+                if optim is not None:
+                    optim.state.clear()
+            self.log("klguard: rolled back to the initial policy (no stable checkpoint yet)")
+            return 0
+        step = self.state.restore_weights(folder, self)
+        self.log(f"klguard: rolled back to {folder}")
+        return step
+
     # ------------------------------------------------------------------ the run
     def fit(self, tracker, progress=None) -> dict[str, float]:
         tr = self.cfg.trainer
         last: dict[str, float] = {}
         if tr.val_before_train and self.global_step == 0:
             last = self.validate()
+            self.guard.observe(0, last)
             tracker.log(last, step=0)
-        while self.global_step < self.total_steps:
+        while self.global_step < self.total_steps and self.guard.pause_reason is None:
             metrics = self.train_step()
             step = self.global_step
             is_last = step >= self.total_steps
             if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
                 metrics |= self.validate()
+            metrics |= self.guard.observe(step, metrics)
             tracker.log(metrics, step=step)
-            if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last:
+            if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last or self.guard.pause_reason:
                 self.state.save(self)
             if progress is not None:
                 progress(step, metrics)
             last = metrics
+        if self.guard.pause_reason:
+            self.log(f"klguard: paused at step {self.global_step}: {self.guard.pause_reason} "
+                     "Resume with the same command after changing the settings it names.")
         return last
 
 

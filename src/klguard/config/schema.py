@@ -12,6 +12,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from klguard.guard.config import GuardConfig
+
 BUILTIN_MODEL = "builtin://tiny-arith"
 """Sentinel model path: the tiny Llama warm-started by `klguard sft` on the built-in task (cached)."""
 
@@ -273,4 +275,5 @@ class Config:
     proxy_reward: ProxyRewardConfig = section(ProxyRewardConfig, "The demo's length-biased proxy reward (ours)")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantages and KL control")
     trainer: TrainerConfig = section(TrainerConfig, "Run length, logging, checkpoints")
+    guard: GuardConfig = section(GuardConfig, "The KL guard: rules that watch the run and act (ours)")
     sft: SFTConfig = section(SFTConfig, "Supervised warm start of the built-in policy (ours)")

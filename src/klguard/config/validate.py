@@ -38,6 +38,10 @@ def validate(cfg: Config) -> None:
     _validate_batches(cfg)
     _validate_data(cfg)
     _validate_trainer(cfg)
+    try:
+        cfg.guard.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _validate_algorithm(cfg: Config) -> None:

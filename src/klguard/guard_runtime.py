@@ -1,0 +1,80 @@
+"""Applies the KL guard's actions to a running PPOTrainer, and writes them to `events.jsonl`.
+
+The guard decides (klguard.guard, metrics in, actions out); this module acts: it changes the KL
+coefficient and target, scales the actor's learning rate, tightens gradient clipping, rolls the
+weights back to the last stable checkpoint and asks the loop to pause.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from klguard.guard import Action, KLGuard
+
+if TYPE_CHECKING:
+    from klguard.trainer import PPOTrainer
+
+
+class GuardRuntime:
+    def __init__(self, trainer: PPOTrainer) -> None:
+        cfg = trainer.cfg
+        self.trainer = trainer
+        self.guard = KLGuard(cfg.guard, total_steps=trainer.total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
+                             kl_coef=cfg.algorithm.kl_ctrl.kl_coef)
+        self.events_path = Path(trainer.run_dir) / "events.jsonl"
+        self.pause_reason: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.trainer.cfg.guard.enable
+
+    def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Feed one step's metrics to the guard, apply its actions, return the `guard/*` metrics."""
+        if not self.enabled:
+            return {}
+        for action in self.guard.observe(step, metrics):
+            self._apply(action)
+        return self.guard.guard_metrics()
+
+    def _apply(self, action: Action) -> None:
+        tr = self.trainer
+        self._record(action)
+        if action.kind == "cut_lr":
+            tr.lr_scale = action.new
+            tr.apply_lr_scale()
+        elif action.kind in ("raise_kl_coef", "freeze_kl_coef"):
+            tr.kl_ctrl.value = action.new
+            tr.kl_frozen = action.kind == "freeze_kl_coef" or tr.kl_frozen
+        elif action.kind == "release_kl_coef":
+            tr.kl_frozen = False
+            if action.new is not None:
+                tr.kl_ctrl.value = action.new
+        elif action.kind == "lower_target_kl":
+            tr.kl_ctrl.target_kl = action.new
+        elif action.kind == "set_grad_clip":
+            tr.actor_grad_clip = action.new
+        elif action.kind == "rollback":
+            restored = tr.rollback_to_stable()
+            for follow_up in self.guard.on_rollback(restored):
+                self._apply(follow_up)
+        elif action.kind == "pause":
+            self.pause_reason = action.reason
+
+    def _record(self, action: Action) -> None:
+        record = action.to_dict()
+        with open(self.events_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+        tqdm.write(f"klguard guard [step {action.step}] {action.kind}: {action.reason}")
+
+    def is_stable(self) -> bool:
+        return self.guard.is_stable() if self.enabled else True
+
+    def state_dict(self) -> dict:
+        return self.guard.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.guard.load_state_dict(state)
