@@ -68,7 +68,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         return 0
     from klguard.sft import ensure_sft_policy
 
-    path = ensure_sft_policy(config.sft, force=True)
+    path = ensure_sft_policy(config.sft, form=config.data.builtin_form, force=True)
     print(f"SFT policy written to {path}")
     return 0
 

@@ -42,7 +42,8 @@ def build_datasets(config: Config, tokenizer, run_dir: Path):
     train_files, val_files = data.train_files, data.val_files
     if train_files is None:  # the built-in arithmetic task, written as verl-format parquet
         train_files, val_files = (str(p) for p in write_arith_parquet(
-            run_dir / "data", data.builtin_train_size, data.builtin_val_size, config.trainer.seed))
+            run_dir / "data", data.builtin_train_size, data.builtin_val_size, config.trainer.seed,
+            form=data.builtin_form))
     kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                   filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                   apply_chat_template_kwargs=data.apply_chat_template_kwargs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -25,8 +26,8 @@ from klguard.model.tiny import build_tiny_llama, save_hf_folder
 from klguard.reward.gsm8k import compute_score
 from klguard.rollout import generate
 
-SFT_FORMAT_VERSION = 1  # bump when the recipe changes, so stale caches are not reused
-POOL_SIZE = 40_000
+SFT_FORMAT_VERSION = 2  # bump when the recipe changes, so stale caches are not reused
+POOL_SIZE = 30_000
 EVAL_SIZE = 512
 
 
@@ -36,9 +37,9 @@ def cache_root(cfg: SFTConfig) -> Path:
     return Path(os.environ.get("KLGUARD_CACHE", Path.home() / ".cache" / "klguard"))
 
 
-def sft_cache_dir(cfg: SFTConfig) -> Path:
+def sft_cache_dir(cfg: SFTConfig, form: str) -> Path:
     recipe = {k: v for k, v in asdict(cfg).items() if k != "cache_dir"}
-    recipe["format"] = SFT_FORMAT_VERSION
+    recipe |= {"format": SFT_FORMAT_VERSION, "form": form}
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root(cfg) / f"sft-{digest}"
 
@@ -55,15 +56,15 @@ def ensure_builtin_tokenizer(cfg: SFTConfig) -> Path:
     return out
 
 
-def ensure_sft_policy(cfg: SFTConfig, *, force: bool = False, log=print) -> Path:
+def ensure_sft_policy(cfg: SFTConfig, *, form: str = "a+b-c", force: bool = False, log=print) -> Path:
     """Return the cached SFT policy folder, training it first when absent (or when forced)."""
-    out = sft_cache_dir(cfg)
+    out = sft_cache_dir(cfg, form)
     if (out / "sft_metrics.json").is_file() and not force:
         return out
     log(f"klguard sft: training the built-in policy (cached at {out})")
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    metrics = run_sft(cfg, tmp, log=log)
+    metrics = run_sft(cfg, tmp, form=form, log=log)
     (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=1))
     if out.exists():
         shutil.rmtree(out)
@@ -124,16 +125,20 @@ def evaluate_policy(model, tokenizer, rows: list[dict], *, seed: int, max_new_to
     }
 
 
-def run_sft(cfg: SFTConfig, out_dir: Path, *, log=print) -> dict:
+def run_sft(cfg: SFTConfig, out_dir: Path, *, form: str = "a+b-c", log=print) -> dict:
     """Train the tiny policy and write it to `out_dir` as a Hugging Face folder."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(tokenizer, seed=cfg.seed)
-    pool = SFTExamples(tokenizer, make_arith_rows(POOL_SIZE, "train", cfg.seed))
-    held_out = make_arith_rows(EVAL_SIZE, "val", cfg.seed + 1)
+    pool = SFTExamples(tokenizer, make_arith_rows(POOL_SIZE, "train", cfg.seed, form=form))
+    held_out = make_arith_rows(EVAL_SIZE, "val", cfg.seed + 1, form=form)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+
+    def schedule(s: int) -> float:  # linear warm-up, then cosine decay over cfg.steps
+        return min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, schedule)
     history, started, step = [], time.time(), 0
     for step in range(1, cfg.steps + 1):
         model.train()

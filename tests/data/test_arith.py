@@ -49,7 +49,7 @@ def test_rows_have_verls_gsm8k_format() -> None:
 
 
 def test_ground_truth_is_the_value_of_the_expression() -> None:
-    rows = make_arith_rows(2000, "train", seed=1, third_operand_prob=0.5)
+    rows = make_arith_rows(2000, "train", seed=1, form="mixed")
     answers = [int(r["reward_model"]["ground_truth"]) for r in rows]
     assert answers == [_evaluate(r["prompt"][0]["content"]) for r in rows]
     assert min(answers) >= 0  # negative-answer problems are redrawn
@@ -84,7 +84,7 @@ def test_bad_arguments_are_refused() -> None:
     n_val_pool = sum(p.answer >= 0 and split_of(p) == "val" for p in pool)
     assert 900 < n_val_pool < 1500  # ~10% of the 12k non-negative two-operand problems
     with pytest.raises(ValueError, match="ask for fewer"):
-        sample_problems(n_val_pool + 1, "val", seed=0, third_operand_prob=0.0)
+        sample_problems(n_val_pool + 1, "val", seed=0, form="two")
 
 
 def test_parquet_has_verls_arrow_types(tmp_path) -> None:

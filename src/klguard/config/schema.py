@@ -54,6 +54,7 @@ class DataConfig:
     apply_chat_template_kwargs: dict = opt({}, "Extra keyword arguments for tokenizer.apply_chat_template")
     builtin_train_size: int = opt(4096, "Rows of the built-in task's training split (ours)")
     builtin_val_size: int = opt(256, "Rows of the built-in task's validation split (ours)")
+    builtin_form: str = opt("a+b-c", "Built-in problem family: a+b-c | mixed (two and three operands) | two (ours)")
 
 
 # ----------------------------------------------------------------------------- actor / rollout / ref
@@ -251,9 +252,9 @@ class TrainerConfig:
 # ----------------------------------------------------------------------------- sft (built-in policy)
 @dataclass
 class SFTConfig:
-    steps: int = opt(1500, "Most SFT steps of the built-in tiny policy")
-    batch_size: int = opt(256, "SFT sequences per step")
-    lr: float = opt(2e-3, "SFT learning rate (AdamW, linear warm-up then constant)")
+    steps: int = opt(4000, "Most SFT steps of the built-in tiny policy (the cosine schedule spans these)")
+    batch_size: int = opt(64, "SFT sequences per step")
+    lr: float = opt(2e-3, "SFT peak learning rate (AdamW, linear warm-up then cosine decay)")
     warmup_steps: int = opt(100, "SFT warm-up steps")
     continue_rate: float = opt(
         0.05, "Share of SFT targets that run on into a second packed problem: gives the reference a small "

@@ -157,6 +157,7 @@ def _validate_data(cfg: Config) -> None:
     for key in ("max_prompt_length", "max_response_length", "builtin_train_size", "builtin_val_size"):
         if getattr(data, key) < 1:
             _fail(f"data.{key}", getattr(data, key), "must be >= 1")
+    _one_of("data.builtin_form", data.builtin_form, ("a+b-c", "mixed", "two"))
     _one_of("data.truncation", data.truncation, ("error", "left", "right", "middle"))
     for key in ("train_files", "val_files"):
         value = getattr(data, key)

@@ -1,6 +1,6 @@
 """The built-in arithmetic task: `23+45-7=?` -> `61`, as verl-format rows and parquet files.
 
-Problems are `a op1 b [op2 c]` with a, b in 10..99, c in 1..9 and ops in {+, -}; answers are kept
+Problems are `a op1 b [op2 c]` with a, b in 10..99, c in 1..9 and ops in {+, -} (see FORMS); answers are kept
 non-negative (problems with a negative answer are redrawn) so the tiny model never has to learn a
 leading minus. Each distinct problem belongs to exactly one split, chosen by a stable hash of its
 text, so train and validation are disjoint by construction whatever the seeds and sizes.
@@ -92,19 +92,35 @@ def split_of(problem: ArithProblem) -> str:
     return "val" if int.from_bytes(digest, "big") % 1000 < VAL_PER_MILLE else "train"
 
 
-def _draw(rng: random.Random, third_operand_prob: float) -> ArithProblem:
-    a, b = rng.randint(10, 99), rng.randint(10, 99)
-    op1 = rng.choice("+-")
-    if rng.random() < third_operand_prob:
+def _draw_fixed(rng: random.Random) -> ArithProblem:
+    return ArithProblem(rng.randint(10, 99), "+", rng.randint(10, 99), "-", rng.randint(1, 9))
+
+
+def _draw_mixed(rng: random.Random) -> ArithProblem:
+    a, b, op1 = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-")
+    if rng.random() < 0.5:
         return ArithProblem(a, op1, b, rng.choice("+-"), rng.randint(1, 9))
     return ArithProblem(a, op1, b)
 
 
-def sample_problems(n: int, split: str, seed: int, *, third_operand_prob: float = 1.0) -> list[ArithProblem]:
+def _draw_two(rng: random.Random) -> ArithProblem:
+    return ArithProblem(rng.randint(10, 99), rng.choice("+-"), rng.randint(10, 99))
+
+
+FORMS = {"a+b-c": _draw_fixed, "mixed": _draw_mixed, "two": _draw_two}
+"""Problem families: `a+b-c` (the prototype's, which the tiny model learns within minutes: its SFT
+accuracy jumps from ~0.1 to ~0.9 after about 1,300 steps of batch 64), `mixed` (two- and
+three-operand sums and differences, markedly slower to learn), `two` (`a+b` or `a-b`)."""
+
+
+def sample_problems(n: int, split: str, seed: int, *, form: str = "a+b-c") -> list[ArithProblem]:
     """Draw `n` distinct problems of `split` with non-negative answers, reproducibly from `seed`.
 
-    `third_operand_prob=1.0` (every problem has `op2 c`) is the set-up the prototype measured.
+    `form` names the problem family (see FORMS).
     """
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
+    draw = FORMS[form]
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if n < 0:
@@ -120,7 +136,7 @@ def sample_problems(n: int, split: str, seed: int, *, third_operand_prob: float 
                 f"could not draw {n} distinct {split} problems (got {len(problems)}); ask for fewer"
             )
         draws += 1
-        problem = _draw(rng, third_operand_prob)
+        problem = draw(rng)
         if problem.answer < 0 or problem.expression in seen or split_of(problem) != split:
             continue
         seen.add(problem.expression)
@@ -129,11 +145,11 @@ def sample_problems(n: int, split: str, seed: int, *, third_operand_prob: float 
 
 
 def make_arith_rows(
-    n: int, split: str, seed: int, *, third_operand_prob: float = 1.0
+    n: int, split: str, seed: int, *, form: str = "a+b-c"
 ) -> list[dict[str, Any]]:
     """Return `n` verl-format rows of the `split` split (see the module docstring for the fields)."""
     rows = []
-    for index, problem in enumerate(sample_problems(n, split, seed, third_operand_prob=third_operand_prob)):
+    for index, problem in enumerate(sample_problems(n, split, seed, form=form)):
         answer = str(problem.answer)
         rows.append(
             {
@@ -153,13 +169,13 @@ def make_arith_rows(
 
 
 def write_arith_parquet(
-    out_dir: str | Path, n_train: int, n_val: int, seed: int, *, third_operand_prob: float = 1.0
+    out_dir: str | Path, n_train: int, n_val: int, seed: int, *, form: str = "a+b-c"
 ) -> tuple[Path, Path]:
     """Write `train.parquet` and `val.parquet` under `out_dir`; return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / "train.parquet", out / "val.parquet")
     for path, split, n in zip(paths, SPLITS, (n_train, n_val), strict=True):
-        rows = make_arith_rows(n, split, seed, third_operand_prob=third_operand_prob)
+        rows = make_arith_rows(n, split, seed, form=form)
         pq.write_table(pa.Table.from_pylist(rows, schema=ARROW_SCHEMA), path)
     return paths

@@ -20,7 +20,7 @@ def resolve_model_path(cfg: Config, *, log=print) -> Path:
     if path == BUILTIN_MODEL:
         from klguard.sft import ensure_sft_policy
 
-        return ensure_sft_policy(cfg.sft, log=log)
+        return ensure_sft_policy(cfg.sft, form=cfg.data.builtin_form, log=log)
     return check_model_folder(path, "actor_rollout_ref.model.path")
 
 
