@@ -82,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # klguard's own progress bar is the one to read
     try:
         return COMMANDS[args.command](args)
     except UserError as exc:

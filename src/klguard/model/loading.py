@@ -11,8 +11,6 @@ from transformers.utils import logging as hf_logging
 from klguard.config.schema import BUILTIN_MODEL, Config
 from klguard.errors import UserError
 
-hf_logging.disable_progress_bar()  # our own progress bar is the one a user reads
-
 
 def resolve_model_path(cfg: Config, *, log=print) -> Path:
     """The policy folder: the cached built-in SFT policy, or a checked local folder."""
