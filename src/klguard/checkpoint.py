@@ -39,7 +39,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -89,7 +89,7 @@ class CheckpointManager:
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(self.run_dir)
-        _atomic_write_text(self.run_dir / LATEST_FILE, str(step))
+        atomic_write_text(self.run_dir / LATEST_FILE, str(step))
         self._prune()
         return final
 

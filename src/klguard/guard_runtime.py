@@ -27,6 +27,7 @@ class GuardRuntime:
                              kl_coef=cfg.algorithm.kl_ctrl.kl_coef)
         self.events_path = Path(trainer.run_dir) / "events.jsonl"
         self.pause_reason: str | None = None
+        self.last_rollback_step: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -58,6 +59,7 @@ class GuardRuntime:
         elif action.kind == "set_grad_clip":
             tr.actor_grad_clip = action.new
         elif action.kind == "rollback":
+            self.last_rollback_step = action.step
             restored = tr.rollback_to_stable()
             for follow_up in self.guard.on_rollback(restored):
                 self._apply(follow_up)
@@ -70,8 +72,11 @@ class GuardRuntime:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
         tqdm.write(f"klguard guard [step {action.step}] {action.kind}: {action.reason}")
 
-    def is_stable(self) -> bool:
-        return self.guard.is_stable() if self.enabled else True
+    def confirms(self, step: int) -> bool:
+        """Whether step `step` found the weights it started from calm (no alarm, no rollback)."""
+        if not self.enabled:
+            return True
+        return self.guard.is_stable() and self.last_rollback_step != step
 
     def state_dict(self) -> dict:
         return self.guard.state_dict()

@@ -6,6 +6,7 @@ prompt sampler's position, every RNG and the step counter.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,11 +14,28 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from klguard.checkpoint import CheckpointManager, load_state, load_tensors, save_tensors
+from klguard.checkpoint import (
+    STATE_FILE,
+    CheckpointManager,
+    atomic_write_text,
+    load_state,
+    load_tensors,
+    save_tensors,
+)
 from klguard.errors import UserError
 
 if TYPE_CHECKING:
     from klguard.trainer import PPOTrainer
+
+
+def _first_non_finite(trainer: PPOTrainer) -> str | None:
+    for prefix, model in (("actor", trainer.actor), ("critic", trainer.critic)):
+        if model is None:
+            continue
+        for name, param in model.named_parameters():
+            if not torch.isfinite(param).all():
+                return f"{prefix} weight {name}"
+    return None
 
 
 def rng_state() -> dict[str, Any]:
@@ -51,7 +69,13 @@ class RunState:
             return folder
         return self.manager.latest()
 
-    def save(self, trainer: PPOTrainer) -> Path:
+    def save(self, trainer: PPOTrainer) -> Path | None:
+        """Write a checkpoint unless a weight is not finite (a NaN is never written to disk)."""
+        bad = _first_non_finite(trainer)
+        if bad is not None:
+            trainer.log(f"klguard: checkpoint at step {trainer.global_step} skipped: {bad} is not finite")
+            return None
+
         def write(folder: Path) -> None:
             trainer.actor.save_pretrained(folder / "actor", safe_serialization=True)
             trainer.tokenizer.save_pretrained(folder / "actor")
@@ -68,15 +92,23 @@ class RunState:
             "critic_sched": trainer.critic_sched.state_dict() if trainer.critic_sched else None,
             "rng": rng_state(),
             "guard": trainer.guard.state_dict(),
-            "stable": trainer.guard.is_stable(),
+            "stable": False,  # confirmed by mark_stable() once the next step has measured these weights
             "lr_scale": trainer.lr_scale,
             "actor_grad_clip": trainer.actor_grad_clip,
             "kl_frozen": trainer.kl_frozen,
         }
         return self.manager.save(trainer.global_step, write, state)
 
+    def mark_stable(self, step: int) -> None:
+        """Mark checkpoint `step` stable: the rollout that followed it kept every guard rule quiet."""
+        folder = self.manager.path(step)
+        if (folder / STATE_FILE).is_file():
+            state = load_state(folder)
+            state["stable"] = True
+            atomic_write_text(folder / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
+
     def latest_stable(self) -> Path | None:
-        """The newest checkpoint marked stable by the guard when it was written."""
+        """The newest checkpoint confirmed stable (see mark_stable)."""
         for step in reversed(self.manager.steps()):
             if load_state(self.manager.path(step)).get("stable", False):
                 return self.manager.path(step)

@@ -232,6 +232,7 @@ class PPOTrainer:
             last = self.validate()
             self.guard.observe(0, last)
             tracker.log(last, step=0)
+        pending_stable: int | None = None  # the last checkpoint, stable once the next step confirms it
         while self.global_step < self.total_steps and self.guard.pause_reason is None:
             metrics = self.train_step()
             step = self.global_step
@@ -239,9 +240,12 @@ class PPOTrainer:
             if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
                 metrics |= self.validate()
             metrics |= self.guard.observe(step, metrics)
+            if pending_stable is not None and self.guard.confirms(step):
+                self.state.mark_stable(pending_stable)  # its weights were just measured and found calm
+            pending_stable = None
             tracker.log(metrics, step=step)
             if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last or self.guard.pause_reason:
-                self.state.save(self)
+                pending_stable = step if self.state.save(self) is not None else None
             if progress is not None:
                 progress(step, metrics)
             last = metrics

@@ -267,6 +267,13 @@ class SFTConfig:
 
 
 @dataclass
+class GuardSection(GuardConfig):
+    enable: bool = opt(
+        False, "Run the KL guard (off by default until its thresholds are calibrated on the demo; see README)"
+    )
+
+
+@dataclass
 class Config:
     data: DataConfig = section(DataConfig, "Datasets")
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "Policy, rollout and reference")
@@ -276,5 +283,5 @@ class Config:
     proxy_reward: ProxyRewardConfig = section(ProxyRewardConfig, "The demo's length-biased proxy reward (ours)")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantages and KL control")
     trainer: TrainerConfig = section(TrainerConfig, "Run length, logging, checkpoints")
-    guard: GuardConfig = section(GuardConfig, "The KL guard: rules that watch the run and act (ours)")
+    guard: GuardSection = section(GuardSection, "The KL guard: rules that watch the run and act (ours)")
     sft: SFTConfig = section(SFTConfig, "Supervised warm start of the built-in policy (ours)")

@@ -1,0 +1,63 @@
+"""A forced blow-up: the guard rolls back to the last stable checkpoint, bit for bit, and training goes on."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from klguard.checkpoint import load_state
+from klguard.config import load_config
+from klguard.trainer import PPOTrainer
+
+
+class _NullTracker:
+    def log(self, metrics, step):
+        pass
+
+
+def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp_path):
+    # only the KL rules speak here: the tiny test policy's weak score would trip the penalty-share rule
+    quiet = ["guard.penalty_share_max=1000", "guard.hacking_action=none", "guard.length_growth_max=100",
+             "guard.length_corr_max=1.0", "guard.ppo_kl_max=1000"]
+    cfg = load_config(None, [*fast_overrides, *quiet, "guard.enable=true", "trainer.save_freq=1",
+                             "trainer.test_freq=-1", "trainer.val_before_train=false",
+                             "trainer.total_training_steps=7"]).config
+    trainer = PPOTrainer(cfg, log=lambda msg: None)
+    normal_lr = cfg.actor_rollout_ref.actor.optim.lr
+
+    def set_lr(lr: float) -> None:
+        trainer.actor_sched.base_lrs = [lr]
+        for group in trainer.actor_optim.param_groups:
+            group["lr"] = lr
+
+    def sabotage(step: int, metrics: dict) -> None:  # step 3 updates with a huge learning rate, then back
+        set_lr(0.05 if step == 2 else normal_lr)
+
+    restored = []
+    rollback = trainer.rollback_to_stable
+
+    def spy() -> int:
+        step = rollback()
+        restored.append({k: v.clone() for k, v in trainer.actor.state_dict().items()})
+        return step
+
+    trainer.rollback_to_stable = spy
+    trainer.fit(_NullTracker(), progress=sabotage)
+
+    events = [json.loads(line) for line in (trainer.run_dir / "events.jsonl").read_text().splitlines()]
+    rollbacks = [e for e in events if e["kind"] == "rollback"]
+    assert rollbacks and rollbacks[0]["step"] == 4  # the blown-up weights are measured by step 4's rollout
+    assert rollbacks[0]["rule"] == "kl_hard"
+    assert trainer.global_step == 7  # training went on after the rollback
+    assert len(restored) == len(rollbacks)
+    marks = {step: load_state(trainer.state.manager.path(step))["stable"] for step in (1, 2, 3)}
+    assert marks == {1: True, 2: True, 3: False}  # 3 holds the blow-up, measured by step 4's rollout
+    stable = trainer.state.manager.path(2)
+    saved = load_file(stable / "actor" / "model.safetensors")
+    for name, tensor in saved.items():
+        assert torch.equal(restored[0][name], tensor), name
+    for step in trainer.state.manager.steps():
+        weights = load_file(trainer.state.manager.path(step) / "actor" / "model.safetensors")
+        assert all(torch.isfinite(t).all() for t in weights.values())
