@@ -19,6 +19,15 @@ if TYPE_CHECKING:
     from klguard.trainer import PPOTrainer
 
 
+# What a user can change after a pause, by the rule that paused the run.
+PAUSE_HINTS = {
+    "kl_hard": "raise algorithm.kl_ctrl.kl_coef or guard.kl_hard_limit",
+    "val_drop": "raise algorithm.kl_ctrl.kl_coef, lower actor_rollout_ref.actor.optim.lr or raise guard.val_drop_max",
+    "ppo_kl": "lower actor_rollout_ref.actor.optim.lr or raise guard.ppo_kl_max",
+    "hacking": "raise algorithm.kl_ctrl.kl_coef or set guard.hacking_action=raise_kl_coef",
+}
+
+
 class GuardRuntime:
     def __init__(self, trainer: PPOTrainer) -> None:
         cfg = trainer.cfg
@@ -64,7 +73,8 @@ class GuardRuntime:
             for follow_up in self.guard.on_rollback(restored):
                 self._apply(follow_up)
         elif action.kind == "pause":
-            self.pause_reason = action.reason
+            hint = PAUSE_HINTS.get(action.rule, "adjust the guard.* threshold named above")
+            self.pause_reason = f"{action.reason} To go on: {hint}, then rerun (trainer.resume_mode=auto resumes)."
 
     def _record(self, action: Action) -> None:
         record = action.to_dict()

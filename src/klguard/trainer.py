@@ -250,8 +250,7 @@ class PPOTrainer:
                 progress(step, metrics)
             last = metrics
         if self.guard.pause_reason:
-            self.log(f"klguard: paused at step {self.global_step}: {self.guard.pause_reason} "
-                     "Resume with the same command after changing the settings it names.")
+            self.log(f"klguard: paused at step {self.global_step}: {self.guard.pause_reason}")
         return last
 
 

@@ -65,3 +65,13 @@ def test_resume_continues_at_the_right_step_with_the_same_kl_coefficient(fast_ov
         assert r["actor/reward_kl_penalty_coeff"] == full[r["step"]]["actor/reward_kl_penalty_coeff"]
         assert r["critic/score/mean"] == pytest.approx(full[r["step"]]["critic/score/mean"], abs=1e-6)
         assert r["actor/pg_loss"] == pytest.approx(full[r["step"]]["actor/pg_loss"], abs=1e-5)
+
+
+def test_total_epochs_sets_the_length_when_total_training_steps_is_null(fast_overrides, tmp_path):
+    # 64 prompts in batches of 16: 4 steps an epoch, 2 epochs
+    code = main(["train", *fast_overrides, "trainer.total_training_steps=null", "trainer.total_epochs=2",
+                 "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1"])
+    assert code == 0
+    records = _records(tmp_path / "run")
+    assert [r["step"] for r in records] == list(range(1, 9))
+    assert [r["training/epoch"] for r in records] == [0, 0, 0, 0, 1, 1, 1, 1]
