@@ -15,7 +15,7 @@ import torch
 from klguard.algo.advantage import compute_advantage
 from klguard.algo.kl import build_kl_controller, kl_penalty
 from klguard.algo.stats import masked_mean
-from klguard.config import Config, config_to_yaml
+from klguard.config import Config, ConfigError, config_to_yaml
 from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
 from klguard.guard_runtime import GuardRuntime
@@ -48,12 +48,15 @@ class PPOTrainer:
         # data first: a bad row fails in seconds, before any model loads or SFT runs
         self.tokenizer = load_tokenizer(resolve_tokenizer_path(config), config)
         self.train_data, self.val_data = build_datasets(config, self.tokenizer, self.run_dir)
+        if len(self.train_data) < config.data.train_batch_size:
+            raise ConfigError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training "
+                              f"set ({len(self.train_data)} prompts)")
         self.policy_path = resolve_model_path(config, log=log)
         self.use_critic = config.critic.enable if config.critic.enable is not None else (
             config.algorithm.adv_estimator == "gae")
         self.use_ref = config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
-        self.sampler = PromptSampler(len(self.train_data), config.data.train_batch_size,
-                                     shuffle=config.data.shuffle, seed=config.data.seed or tr.seed)
+        self.sampler = PromptSampler(len(self.train_data), config.data.train_batch_size, shuffle=config.data.shuffle,
+                                     seed=tr.seed if config.data.seed is None else config.data.seed)
         self.total_steps = tr.total_training_steps or tr.total_epochs * self.sampler.batches_per_epoch
         self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
         self.rewards = RewardManager(config, self.tokenizer)

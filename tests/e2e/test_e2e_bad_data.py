@@ -22,7 +22,8 @@ def good_val(tmp_path):
 
 def _train(tmp_path, train, val, *extra):
     return main(["train", f"data.train_files={train}", f"data.val_files={val}", f"sft.cache_dir={tmp_path / 'c'}",
-                 f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.progress_bar=false", *extra])
+                 f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.progress_bar=false", "sft.steps=5",
+                 *extra])
 
 
 def _one_error_line(capsys) -> str:
@@ -67,3 +68,11 @@ def test_overlong_prompt_with_truncation_error(tmp_path, good_val, capsys):
 def test_missing_file(tmp_path, good_val, capsys):
     assert _train(tmp_path, tmp_path / "nope.parquet", good_val) == 2
     assert "nope.parquet: data file not found" in _one_error_line(capsys)
+
+
+def test_batch_larger_than_the_dataset(tmp_path, good_val, capsys):
+    train = _write(tmp_path / "train.parquet", make_arith_rows(4, "train", 0))
+    assert _train(tmp_path, train, good_val, "data.train_batch_size=8",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=8") == 2
+    assert _one_error_line(capsys) == (
+        "klguard: error: data.train_batch_size=8 is larger than the training set (4 prompts)")
