@@ -19,6 +19,8 @@ EPILOG = (
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config file (verl's key tree)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--describe-config", action="store_true",
+                        help="print every key with its resolved value and one-line description, and exit")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
@@ -40,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace):
-    from klguard.config import config_to_yaml, load_config
+    from klguard.config import config_to_yaml, describe_config, load_config
 
     loaded = load_config(args.config, args.overrides)
     if loaded.ignored_verl_keys:
@@ -48,6 +50,9 @@ def _load(args: argparse.Namespace):
         print(f"klguard: warning: verl keys not used by klguard, ignored: {keys}", file=sys.stderr)
     if args.print_config:
         print(config_to_yaml(loaded.config), end="")
+        return None
+    if args.describe_config:
+        print(describe_config(loaded.config), end="")
         return None
     return loaded.config
 

@@ -68,3 +68,15 @@ def test_print_config_round_trips(tmp_path, capsys):
     cfg = load_config(f).config
     assert cfg.algorithm.gamma == 0.99
     assert config_to_yaml(cfg) == text
+
+
+def test_every_key_has_a_one_line_description(capsys):
+    from klguard.config.loader import schema_fields
+
+    for path, f in schema_fields():
+        help_text = f.metadata.get("help", "")
+        assert help_text and "\n" not in help_text, path
+    assert main(["train", "--describe-config", "algorithm.gamma=0.99"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "algorithm.gamma = 0.99  # Discount factor" in out
+    assert len(out) == len(list(schema_fields()))

@@ -150,27 +150,31 @@ def _unknown_key_message(key: str, ours: frozenset[str]) -> str:
     return f"unknown config key {key}{hint}"
 
 
+def schema_fields(cls: type = Config, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
+    """Every leaf field of the schema with its dotted path, in declaration order."""
+    for f in dataclasses.fields(cls):
+        sub = _dataclass_type(cls, f.name)
+        if sub is not None:
+            yield from schema_fields(sub, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f
+
+
+def describe_config(config: Config) -> str:
+    """`key = value  # description` for every key, values as resolved in `config`."""
+    values = dict(_flatten(config_to_dict(config)))
+    lines = []
+    for path, f in schema_fields():
+        value = values.get(path, {} if f.type in ("dict", dict) else None)
+        lines.append(f"{path} = {value!r}  # {f.metadata.get('help', '')}")
+    return "\n".join(lines) + "\n"
+
+
 @cache
 def _schema_keys() -> tuple[frozenset[str], frozenset[str]]:
     """All leaf keys of the schema, and the keys of free-form dict fields (whose sub-keys are the user's)."""
-    leaves: set[str] = set()
-    free_form: set[str] = set()
-
-    def walk(cls: type, prefix: str) -> None:
-        for f in dataclasses.fields(cls):
-            path = f"{prefix}{f.name}"
-            if dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
-                walk(f.type, path + ".")
-                continue
-            sub = _dataclass_type(cls, f.name)
-            if sub is not None:
-                walk(sub, path + ".")
-                continue
-            leaves.add(path)
-            if f.type in ("dict", dict):
-                free_form.add(path)
-
-    walk(Config, "")
+    leaves = {path: f for path, f in schema_fields()}
+    free_form = {path for path, f in leaves.items() if f.type in ("dict", dict)}
     return frozenset(leaves), frozenset(free_form)
 
 
