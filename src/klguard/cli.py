@@ -1,4 +1,4 @@
-"""Command line: `klguard train|sft [--config FILE] [key=value ...]`."""
+"""Command line: `klguard train|eval|sft [--config FILE] [key=value ...]`."""
 
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="PPO training (no arguments: the built-in reward-hacking demo)",
                            epilog=EPILOG)
     _add_config_args(train)
+    evaluate = sub.add_parser("eval", help="gold score and hacking rate of a checkpoint on the validation split",
+                              epilog=EPILOG)
+    evaluate.add_argument("checkpoint", metavar="CHECKPOINT", help="a global_step_N/ folder or an HF model folder")
+    _add_config_args(evaluate)
     sft = sub.add_parser("sft", help="supervised warm start of the built-in tiny policy (cached)", epilog=EPILOG)
     _add_config_args(sft)
     return parser
@@ -78,7 +82,20 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"train": _cmd_train, "sft": _cmd_sft}
+def _cmd_eval(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 0
+    from klguard.evaluate import evaluate_checkpoint
+
+    metrics = evaluate_checkpoint(config, args.checkpoint)
+    width = max(map(len, metrics))
+    for key, value in sorted(metrics.items()):
+        print(f"{key:<{width}}  {value:.4f}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"train": _cmd_train, "eval": _cmd_eval, "sft": _cmd_sft}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

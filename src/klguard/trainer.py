@@ -19,7 +19,7 @@ from klguard.config import Config, ConfigError, config_to_yaml
 from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
 from klguard.guard_runtime import GuardRuntime
-from klguard.metrics import rollout_metrics, validation_metrics
+from klguard.metrics import rollout_metrics
 from klguard.model.loading import (
     load_critic,
     load_policy,
@@ -32,6 +32,7 @@ from klguard.rollout import compute_logprobs, generate
 from klguard.run_setup import build_datasets, build_optimizer, resolve_device, seed_everything, step_generator
 from klguard.run_state import RunState
 from klguard.update import PPOBatch, critic_values, update_actor, update_critic
+from klguard.validation import score_rollout, validate_policy
 
 
 class PPOTrainer:
@@ -177,31 +178,10 @@ class PPOTrainer:
         }
 
     def _score(self, rows, out):
-        texts = self.tokenizer.batch_decode(
-            out.response_ids.masked_fill(out.response_mask == 0, self.tokenizer.pad_token_id).cpu(),
-            skip_special_tokens=True)
-        return self.rewards(texts, out.response_lengths.tolist(), [r.data_source for r in rows],
-                            [r.ground_truth for r in rows], [r.extra_info for r in rows])
+        return score_rollout(self.rewards, self.tokenizer, rows, out)
 
-    # ------------------------------------------------------------------ validation
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        kw = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        rows = [self.val_data[i] for i in range(len(self.val_data)) for _ in range(kw.n)]
-        size = (self.cfg.data.val_batch_size or len(self.val_data)) * kw.n
-        gen = step_generator(self.cfg.trainer.seed, 0, 2, self.device)  # same noise at every validation
-        self.actor.eval()
-        results = []
-        for start in range(0, len(rows), size):
-            part = rows[start : start + size]
-            ids, pmask = collate_left_pad(part, self.tokenizer.pad_token_id)
-            out = generate(self.actor, ids.to(self.device), pmask.to(self.device),
-                           max_new_tokens=self.cfg.data.max_response_length,
-                           eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-                           temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
-                           generator=gen)
-            results.append((part, out, self._score(part, out)))
-        return validation_metrics(results, kw.n)
+        return validate_policy(self.actor, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
 
     # ------------------------------------------------------------------ guard hooks
     def apply_lr_scale(self) -> None:

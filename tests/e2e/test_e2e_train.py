@@ -75,3 +75,15 @@ def test_total_epochs_sets_the_length_when_total_training_steps_is_null(fast_ove
     records = _records(tmp_path / "run")
     assert [r["step"] for r in records] == list(range(1, 9))
     assert [r["training/epoch"] for r in records] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_eval_reproduces_the_final_validation(fast_overrides, tmp_path, capsys):
+    assert main(["train", *fast_overrides, "trainer.total_training_steps=2", "trainer.test_freq=-1"]) == 0
+    final = _records(tmp_path / "run")[-1]
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run" / "global_step_2"), *fast_overrides]) == 0
+    printed = dict(line.split() for line in capsys.readouterr().out.splitlines())
+    key = "val-core/klguard/arith/acc/mean@1"
+    assert float(printed[key]) == pytest.approx(final[key], abs=1e-4)
+    assert float(printed["val-aux/klguard/arith/hacking_rate/mean@1"]) == pytest.approx(
+        final["val-aux/klguard/arith/hacking_rate/mean@1"], abs=1e-4)

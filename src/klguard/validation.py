@@ -1,0 +1,42 @@
+"""Scoring rollouts and validating a policy: shared by the trainer and `klguard eval`."""
+
+from __future__ import annotations
+
+import torch
+
+from klguard.config import Config
+from klguard.data.dataset import RLDataset, collate_left_pad
+from klguard.metrics import validation_metrics
+from klguard.reward.manager import RewardManager, RewardOutput
+from klguard.rollout import RolloutBatch, generate
+from klguard.run_setup import step_generator
+
+
+def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch) -> RewardOutput:
+    """Decode the valid response tokens and score them with the reward manager."""
+    texts = tokenizer.batch_decode(
+        out.response_ids.masked_fill(out.response_mask == 0, tokenizer.pad_token_id).cpu(),
+        skip_special_tokens=True)
+    return rewards(texts, out.response_lengths.tolist(), [r.data_source for r in rows],
+                   [r.ground_truth for r in rows], [r.extra_info for r in rows])
+
+
+@torch.no_grad()
+def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, val_data: RLDataset, cfg: Config,
+                    device: torch.device) -> dict[str, float]:
+    """Sample `val_kwargs.n` responses per validation prompt; `val-core/...` and `val-aux/...` metrics."""
+    kw = cfg.actor_rollout_ref.rollout.val_kwargs
+    rows = [val_data[i] for i in range(len(val_data)) for _ in range(kw.n)]
+    size = (cfg.data.val_batch_size or len(val_data)) * kw.n
+    gen = step_generator(cfg.trainer.seed, 0, 2, device)  # the same noise at every validation
+    model.eval()
+    results = []
+    for start in range(0, len(rows), size):
+        part = rows[start : start + size]
+        ids, pmask = collate_left_pad(part, tokenizer.pad_token_id)
+        out = generate(model, ids.to(device), pmask.to(device), max_new_tokens=cfg.data.max_response_length,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
+                       generator=gen)
+        results.append((part, out, score_rollout(rewards, tokenizer, part, out)))
+    return validation_metrics(results, kw.n)
