@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 
 import torch
@@ -71,27 +71,40 @@ def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in acc.items() if v}
 
 
+LossFn = Callable[[PPOBatch], tuple[Tensor, dict[str, float]]]
+
+
+def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: PPOBatch, loss_fn: LossFn, *,
+                 epochs: int, mini_batch_size: int, micro_batch_size: int, shuffle: bool, grad_clip: float,
+                 generator: torch.Generator | None, prefix: str) -> dict[str, list[float]]:
+    """`epochs` x mini-batches (one optimizer step each) x micro-batches (accumulated, weight micro/mini)."""
+    acc: dict[str, list[float]] = defaultdict(list)
+    for _ in range(epochs):
+        for mini_idx in minibatch_indices(len(batch), mini_batch_size, shuffle, generator):
+            mini = batch.select(mini_idx)
+            for micro_idx in torch.arange(len(mini)).split(micro_batch_size):
+                part = mini.select(micro_idx)
+                loss, stats = loss_fn(part)
+                (loss * (len(part) / len(mini))).backward()
+                for key, value in stats.items():
+                    acc[key].append(value)
+            grad_norm = _apply_step(params, optimizer, grad_clip)
+            acc[f"{prefix}/grad_norm"].append(grad_norm)
+            acc[f"{prefix}/skipped_steps"].append(0.0 if math.isfinite(grad_norm) else 1.0)
+    return acc
+
+
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: ActorConfig, *,
                  mini_batch_size: int, temperature: float, generator: torch.Generator | None = None,
                  grad_clip: float | None = None) -> dict[str, float]:
     """One PPO policy update over `batch`; returns verl-named actor metrics."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    micro = cfg.ppo_micro_batch_size_per_gpu or mini_batch_size
-    clip = cfg.grad_clip if grad_clip is None else grad_clip
-    acc: dict[str, list[float]] = defaultdict(list)
     model.train()
-    for _ in range(cfg.ppo_epochs):
-        for mini_idx in minibatch_indices(len(batch), mini_batch_size, cfg.shuffle, generator):
-            mini = batch.select(mini_idx)
-            for micro_idx in torch.arange(len(mini)).split(micro):
-                part = mini.select(micro_idx)
-                loss, stats = _actor_loss(model, part, cfg, temperature)
-                (loss * (len(part) / len(mini))).backward()
-                for key, value in stats.items():
-                    acc[key].append(value)
-            grad_norm = _apply_step(params, optimizer, clip)
-            acc["actor/grad_norm"].append(grad_norm)
-            acc["actor/skipped_steps"].append(0.0 if math.isfinite(grad_norm) else 1.0)
+    acc = _run_updates(
+        [p for p in model.parameters() if p.requires_grad], optimizer, batch,
+        lambda part: _actor_loss(model, part, cfg, temperature), epochs=cfg.ppo_epochs,
+        mini_batch_size=mini_batch_size, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size,
+        shuffle=cfg.shuffle, grad_clip=cfg.grad_clip if grad_clip is None else grad_clip, generator=generator,
+        prefix="actor")
     metrics = _mean_metrics(acc)
     metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
     return metrics
@@ -127,30 +140,24 @@ def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temper
     return loss, stats
 
 
+def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig) -> tuple[Tensor, dict[str, float]]:
+    vpreds = critic_values(critic, part.input_ids, part.attention_mask, part.response_length)
+    vf_loss, vf_clipfrac = compute_value_loss(vpreds, part.values, part.returns, part.response_mask,
+                                              cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
+    return vf_loss, {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item()}
+
+
 def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: CriticConfig, *,
                   mini_batch_size: int, generator: torch.Generator | None = None) -> dict[str, float]:
     """One clipped value-function update over `batch`; returns verl-named critic metrics."""
     if batch.values is None:
         raise ValueError("the critic update needs rollout-time values")
-    params = [p for p in critic.parameters() if p.requires_grad]
-    micro = cfg.ppo_micro_batch_size_per_gpu or mini_batch_size
-    acc: dict[str, list[float]] = defaultdict(list)
     critic.train()
-    for _ in range(cfg.ppo_epochs):
-        for mini_idx in minibatch_indices(len(batch), mini_batch_size, cfg.shuffle, generator):
-            mini = batch.select(mini_idx)
-            for micro_idx in torch.arange(len(mini)).split(micro):
-                part = mini.select(micro_idx)
-                vpreds = critic_values(critic, part.input_ids, part.attention_mask, part.response_length)
-                vf_loss, vf_clipfrac = compute_value_loss(
-                    vpreds, part.values, part.returns, part.response_mask,
-                    cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode,
-                )
-                (vf_loss * (len(part) / len(mini))).backward()
-                acc["critic/vf_loss"].append(vf_loss.item())
-                acc["critic/vf_clipfrac"].append(vf_clipfrac.item())
-            grad_norm = _apply_step(params, optimizer, cfg.grad_clip)
-            acc["critic/grad_norm"].append(grad_norm)
+    acc = _run_updates(
+        [p for p in critic.parameters() if p.requires_grad], optimizer, batch,
+        lambda part: _critic_loss(critic, part, cfg), epochs=cfg.ppo_epochs, mini_batch_size=mini_batch_size,
+        micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size, shuffle=cfg.shuffle,
+        grad_clip=cfg.grad_clip, generator=generator, prefix="critic")
     metrics = _mean_metrics(acc)
     metrics["critic/lr"] = optimizer.param_groups[0]["lr"]
     return metrics
