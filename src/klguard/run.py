@@ -47,17 +47,6 @@ def train(config: Config) -> dict[str, float]:
     trainer = PPOTrainer(config, log=log)
     tracker = Tracking(config.trainer.logger, trainer.run_dir, project=config.trainer.project_name,
                        experiment=config.trainer.experiment_name, config=config_to_dict(config))
-    first: dict[str, float] = {}  # each metric's first value, the summary's "start" column
-    latest: dict[str, float] = {}  # each metric's latest value, the "end" column
-    real_log = tracker.log
-
-    def log_and_keep_first(metrics: dict[str, float], step: int) -> None:
-        for key, value in metrics.items():
-            first.setdefault(key, value)
-        latest.update(metrics)
-        real_log(metrics, step)
-
-    tracker.log = log_and_keep_first
     bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, desc="klguard train", unit="step",
                disable=not config.trainer.progress_bar, file=sys.stderr, dynamic_ncols=True)
     try:
@@ -65,8 +54,8 @@ def train(config: Config) -> dict[str, float]:
     finally:
         bar.close()
         tracker.close()
-    _print_summary(first, latest, trainer)
-    (trainer.run_dir / "summary.json").write_text(json.dumps({"first": first, "last": latest},
+    _print_summary(tracker.first, tracker.latest, trainer)
+    (trainer.run_dir / "summary.json").write_text(json.dumps({"first": tracker.first, "last": tracker.latest},
                                                              indent=1, sort_keys=True))
     return last
 

@@ -116,6 +116,8 @@ class Tracking:
 
     def __init__(self, loggers: list[str], run_dir: Path, *, project: str, experiment: str,
                  config: dict[str, Any] | None = None) -> None:
+        self.first: dict[str, float] = {}  # each metric's first logged value
+        self.latest: dict[str, float] = {}  # each metric's latest logged value
         self.backends: list[Backend] = []
         for name in dict.fromkeys(loggers):
             try:
@@ -140,6 +142,9 @@ class Tracking:
         raise ConfigError(f"trainer.logger={name!r} is not a known logger")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.first.setdefault(key, value)
+        self.latest.update(metrics)
         for backend in self.backends:
             backend.log(metrics, step)
 

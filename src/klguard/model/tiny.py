@@ -47,25 +47,12 @@ def tiny_llama_config(
     )
 
 
-def build_tiny_llama(
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    hidden_size: int = 128,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    intermediate_size: int = 256,
-    max_position_embeddings: int = 128,
-    seed: int = 0,
-) -> LlamaForCausalLM:
-    """Build a freshly initialised tiny `LlamaForCausalLM`; the same seed gives the same weights."""
-    config = tiny_llama_config(
-        tokenizer,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-    )
+def build_tiny_llama(tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, **architecture: int) -> LlamaForCausalLM:
+    """Build a freshly initialised tiny `LlamaForCausalLM`; the same seed gives the same weights.
+
+    `architecture` takes the keyword arguments of `tiny_llama_config` (hidden_size, num_layers, ...).
+    """
+    config = tiny_llama_config(tokenizer, **architecture)
     # A private generator state: seeding must not disturb the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
