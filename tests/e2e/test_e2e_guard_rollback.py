@@ -61,3 +61,28 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
     for step in trainer.state.manager.steps():
         weights = load_file(trainer.state.manager.path(step) / "actor" / "model.safetensors")
         assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_resumed_run_takes_the_same_guard_decisions(fast_overrides, tmp_path):
+    from klguard.cli import main
+
+    # the tiny test policy's weak score trips the penalty-share rule: a real, repeated guard decision
+    guarded = [*fast_overrides, "guard.enable=true", "guard.cooldown=2", "trainer.save_freq=2", "trainer.test_freq=-1",
+               "trainer.val_before_train=false"]
+    assert main(["train", *guarded, "trainer.total_training_steps=6",
+                 f"trainer.default_local_dir={tmp_path / 'straight'}"]) == 0
+    resumed = [*guarded, f"trainer.default_local_dir={tmp_path / 'resumed'}"]
+    assert main(["train", *resumed, "trainer.total_training_steps=3"]) == 0  # ends with a checkpoint at 3
+    assert main(["train", *resumed, "trainer.total_training_steps=6"]) == 0
+
+    def events(run):
+        return [json.loads(line) for line in (tmp_path / run / "events.jsonl").read_text().splitlines()]
+
+    def coefficients(run):
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return {r["step"]: (r["actor/reward_kl_penalty_coeff"], r["guard/kl_coef"]) for r in map(json.loads, lines)}
+
+    straight = events("straight")
+    assert any(e["kind"] == "raise_kl_coef" for e in straight)
+    assert events("resumed") == straight
+    assert coefficients("resumed") == coefficients("straight")
