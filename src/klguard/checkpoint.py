@@ -1,26 +1,44 @@
-"""Checkpoints as `global_step_N/` folders that appear atomically (written aside, then renamed).
+"""Checkpoints as `global_step_N/` folders that are whole or absent, and verified before use.
 
 A checkpoint holds the policy and critic as Hugging Face folders (safetensors), optimizer states
 (`torch.save` of plain state dicts, read back with `weights_only=True`) and `trainer_state.json`
-(step, KL controller, RNG states, data position). `latest_checkpointed_iteration.txt` (verl's name)
-moves only once the folder is whole.
+(step, KL controller, RNG states, data position). It is written into `.global_step_N.partial/`,
+`manifest.json` (every file's relative path, size and sha256) is written last, everything is
+fsynced, and only then is the folder renamed into place and `latest_checkpointed_iteration.txt`
+(verl's name) moved. On load a checkpoint whose files do not match its manifest is skipped with a
+one-line warning and the previous one is used. The stable mark (see RunState.mark_stable) is a
+separate `STABLE` file, outside the manifest, so marking never rewrites a verified file.
+
+Test hook: `KLGUARD_TEST_KILL_IN_SAVE=N` SIGKILLs the process halfway through writing checkpoint N
+(after the weights, before the state and manifest), to test that a killed write leaves no usable
+`global_step_N`. It is read only by `CheckpointManager.save` and does nothing when unset.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from klguard.errors import UserError
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
+STABLE_FILE = "STABLE"
+KILL_IN_SAVE_ENV = "KLGUARD_TEST_KILL_IN_SAVE"
+_UNLISTED = {MANIFEST_FILE, STABLE_FILE}
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_PARTIAL_DIR = re.compile(r"^\.global_step_\d+\.partial$")
 
 
 def _fsync_tree(root: Path) -> None:
@@ -48,13 +66,58 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _listed_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() not in _UNLISTED)
+
+
+def write_manifest(folder: Path) -> None:
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in _listed_files(folder)}
+    (folder / MANIFEST_FILE).write_text(json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True))
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """Why `folder` is not a whole checkpoint (missing file, wrong size or checksum), or None."""
+    try:
+        listed = json.loads((folder / MANIFEST_FILE).read_text())["files"]
+    except FileNotFoundError:
+        return f"no {MANIFEST_FILE}"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable {MANIFEST_FILE} ({type(exc).__name__})"
+    if STATE_FILE not in listed:
+        return f"{STATE_FILE} is not in {MANIFEST_FILE}"
+    for rel, expected in sorted(listed.items()):
+        path = folder / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        if path.stat().st_size != expected["size"]:
+            return f"{rel} has {path.stat().st_size} bytes, the manifest says {expected['size']}"
+        if _sha256(path) != expected["sha256"]:
+            return f"{rel} does not match its sha256 checksum"
+    return None
+
+
+def _warn(message: str) -> None:
+    print(f"klguard: warning: {message}", file=sys.stderr, flush=True)
+
+
 class CheckpointManager:
-    def __init__(self, run_dir: Path, max_to_keep: int | None = None) -> None:
+    def __init__(self, run_dir: Path, max_to_keep: int | None = None, warn: Callable[[str], None] = _warn) -> None:
         self.run_dir = Path(run_dir)
         self.max_to_keep = max_to_keep
+        self.warn = warn
+        self._warned: set[int] = set()
 
     def steps(self) -> list[int]:
-        """Steps of the complete checkpoints on disk, oldest first."""
+        """Steps of the checkpoint folders on disk (renamed into place, not yet verified), oldest first."""
         if not self.run_dir.is_dir():
             return []
         found = []
@@ -67,14 +130,31 @@ class CheckpointManager:
     def path(self, step: int) -> Path:
         return self.run_dir / f"global_step_{step}"
 
+    def is_valid(self, step: int) -> bool:
+        """Whether checkpoint `step` matches its manifest now; warns once per damaged checkpoint."""
+        why = verify_checkpoint(self.path(step))
+        if why is not None and step not in self._warned:
+            self._warned.add(step)
+            self.warn(f"checkpoint {self.path(step)} is damaged ({why}); skipped, using the previous one")
+        return why is None
+
+    def _pointer(self) -> int | None:
+        try:
+            return int((self.run_dir / LATEST_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def candidates(self) -> list[int]:
+        """Steps to try, newest first: the `latest` pointer's, then older ones (newer folders than the
+        pointer are left from an earlier run, or were renamed just before a kill: not trusted)."""
+        steps, pointer = self.steps(), self._pointer()
+        if pointer is not None:
+            steps = [s for s in steps if s <= pointer]
+        return steps[::-1]
+
     def latest(self) -> Path | None:
-        pointer = self.run_dir / LATEST_FILE
-        if pointer.is_file():
-            candidate = self.path(int(pointer.read_text().strip()))
-            if (candidate / STATE_FILE).is_file():
-                return candidate
-        steps = self.steps()
-        return self.path(steps[-1]) if steps else None
+        """The newest checkpoint that matches its manifest."""
+        return next((self.path(s) for s in self.candidates() if self.is_valid(s)), None)
 
     def save(self, step: int, write: Callable[[Path], None], state: dict[str, Any]) -> Path:
         """Write a checkpoint with `write(folder)` plus `state`, then publish it atomically."""
@@ -83,25 +163,48 @@ class CheckpointManager:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         write(tmp)
+        if os.environ.get(KILL_IN_SAVE_ENV) == str(step):  # test hook, see the module docstring
+            os.kill(os.getpid(), signal.SIGKILL)
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
+        write_manifest(tmp)
         _fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(self.run_dir)
         atomic_write_text(self.run_dir / LATEST_FILE, str(step))
+        self._warned.discard(step)
         self._prune()
         return final
 
+    def is_stable(self, step: int) -> bool:
+        return (self.path(step) / STABLE_FILE).is_file()
+
+    def mark_stable(self, step: int) -> None:
+        folder = self.path(step)
+        if folder.is_dir():
+            atomic_write_text(folder / STABLE_FILE, "confirmed by the step that followed\n")
+
     def _prune(self) -> None:
+        """Delete checkpoints beyond `max_to_keep`, never the newest stable one, and leftover partials."""
+        for child in self.run_dir.iterdir():
+            if _PARTIAL_DIR.match(child.name):
+                shutil.rmtree(child, ignore_errors=True)
         if self.max_to_keep is None:
             return
-        for step in self.steps()[: -self.max_to_keep]:
-            shutil.rmtree(self.path(step), ignore_errors=True)
+        steps = self.steps()
+        stable = [s for s in steps if self.is_stable(s)]
+        keep = set(steps[-self.max_to_keep :]) | set(stable[-1:])
+        for step in steps:
+            if step not in keep:
+                shutil.rmtree(self.path(step), ignore_errors=True)
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
-    return json.loads((Path(ckpt) / STATE_FILE).read_text())
+    """`trainer_state.json`, with `stable` from the STABLE mark."""
+    state = json.loads((Path(ckpt) / STATE_FILE).read_text())
+    state["stable"] = bool(state.get("stable")) or (Path(ckpt) / STABLE_FILE).is_file()
+    return state
 
 
 def save_tensors(obj: Any, path: Path) -> None:
@@ -110,4 +213,7 @@ def save_tensors(obj: Any, path: Path) -> None:
 
 def load_tensors(path: Path) -> Any:
     """Read an optimizer state written by save_tensors; never unpickles arbitrary objects."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a pickle with code in it, or not a torch file at all
+        raise UserError(f"{path} is not a plain tensor file ({type(exc).__name__}); refusing to load it") from None

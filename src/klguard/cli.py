@@ -1,4 +1,4 @@
-"""Command line: `klguard train|eval|sft [--config FILE] [key=value ...]`."""
+"""Command line: `klguard train|eval|sft [--config FILE] [key=value ...]`, `klguard export CHECKPOINT OUT`."""
 
 from __future__ import annotations
 
@@ -40,8 +40,27 @@ def build_parser() -> argparse.ArgumentParser:
                               epilog=EPILOG)
     evaluate.add_argument("checkpoint", metavar="CHECKPOINT", help="a global_step_N/ folder or an HF model folder")
     _add_config_args(evaluate)
+    export = sub.add_parser("export", help="write a checkpoint's policy as one plain HF folder (safetensors)")
+    export.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="a run directory (its latest checkpoint), a global_step_N/ folder or a policy folder")
+    export.add_argument("out", metavar="OUT", help="new folder to write (must not exist, or be empty)")
+    export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="dtype of the written weights (training keeps float32)")
+    export.add_argument("--debug", action="store_true", help="show full tracebacks")
     sft = sub.add_parser("sft", help="supervised warm start of the built-in tiny policy (cached)", epilog=EPILOG)
     _add_config_args(sft)
+    demo = sub.add_parser("demo", help="start here: klguard's guarded default vs verl's default KL on the built-in "
+                          "reward-hacking task, side by side, with an HTML report", epilog=EPILOG)
+    demo.add_argument("--out", metavar="DIR", default="klguard_demo", help="where the two runs and report.html go")
+    demo.add_argument("--parallel", type=int, metavar="N", help="runs at once (default: both on 2+ cores)")
+    _add_config_args(demo)
+    calibrate = sub.add_parser("calibrate", help="sweep target_kl (calibrate.grid), fit gold vs KL, recommend a "
+                               "target_kl and print the command to train with it", epilog=EPILOG)
+    _add_config_args(calibrate)
+    report = sub.add_parser("report", help="write RUN_DIR/report.html (several RUN_DIRs: one page comparing them)")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="klguard run directories")
+    report.add_argument("--out", metavar="FILE", help="output file (default: report.html in the first RUN_DIR)")
+    report.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser
 
 
@@ -49,9 +68,13 @@ def _load(args: argparse.Namespace):
     from klguard.config import config_to_yaml, describe_config, load_config
 
     loaded = load_config(args.config, args.overrides)
-    if loaded.ignored_verl_keys:
-        keys = ", ".join(loaded.ignored_verl_keys)
-        print(f"klguard: warning: verl keys not used by klguard, ignored: {keys}", file=sys.stderr)
+    ignored = list(loaded.ignored_verl_keys)
+    engine = loaded.config.actor_rollout_ref.rollout.name
+    if engine != "hf":  # vLLM/SGLang launch lines run as they are: sampling is klguard's own
+        ignored.append(f"actor_rollout_ref.rollout.name={engine} (klguard samples with hf)")
+    if ignored:
+        print(f"klguard: warning: verl keys not applicable to klguard, ignored: {', '.join(ignored)}",
+              file=sys.stderr)
     if args.print_config:
         print(config_to_yaml(loaded.config), end="")
         return None
@@ -95,7 +118,48 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"train": _cmd_train, "eval": _cmd_eval, "sft": _cmd_sft}
+def _cmd_export(args: argparse.Namespace) -> int:
+    from klguard.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype)
+    print(f"exported to {out}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    if _load(args) is None:
+        return 0
+    from klguard.demo import run_demo
+
+    run_demo(args.config, args.overrides, args.out, parallel=args.parallel)
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if _load(args) is None:
+        return 0
+    from klguard.calibration import run_calibration
+
+    run_calibration(args.config, args.overrides)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from klguard.report import load_run, write_run_report
+
+    runs = [load_run(path) for path in args.run_dirs]
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report.html"
+    title = f"klguard run {runs[0].label}" if len(runs) == 1 else "klguard runs compared"
+    print(f"report: {write_run_report(runs, out, title).resolve()}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train": _cmd_train, "eval": _cmd_eval, "sft": _cmd_sft, "export": _cmd_export, "demo": _cmd_demo,
+    "calibrate": _cmd_calibrate, "report": _cmd_report,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,7 +33,8 @@ class GuardRuntime:
         cfg = trainer.cfg
         self.trainer = trainer
         self.guard = KLGuard(cfg.guard, total_steps=trainer.total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
-                             kl_coef=cfg.algorithm.kl_ctrl.kl_coef)
+                             kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
+                             kl_controlled=cfg.algorithm.kl_ctrl.type != "fixed" and cfg.algorithm.use_kl_in_reward)
         self.events_path = Path(trainer.run_dir) / "events.jsonl"
         self.pause_reason: str | None = None
         self.last_rollback_step: int | None = None
@@ -72,6 +73,8 @@ class GuardRuntime:
             restored = tr.rollback_to_stable()
             for follow_up in self.guard.on_rollback(restored):
                 self._apply(follow_up)
+        elif action.kind == "reanchor_reference":
+            tr.reanchor_reference(int(action.new))
         elif action.kind == "pause":
             hint = PAUSE_HINTS.get(action.rule, "adjust the guard.* threshold named above")
             self.pause_reason = f"{action.reason} To go on: {hint}, then rerun (trainer.resume_mode=auto resumes)."
@@ -93,3 +96,11 @@ class GuardRuntime:
 
     def load_state_dict(self, state: dict) -> None:
         self.guard.load_state_dict(state)
+
+    def record_nonfinite(self, step: int, where: str) -> None:
+        """Log a step skipped for a NaN/Inf in `where` (e.g. `rewards`, `actor/pg_loss`), guard or not."""
+        record = {"step": step, "kind": "nonfinite_skip", "rule": "nonfinite", "where": where,
+                  "reason": f"non-finite values in {where}: step {step} not applied"}
+        with open(self.events_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+        tqdm.write(f"klguard guard [step {step}] nonfinite_skip: {record['reason']}")

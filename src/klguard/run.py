@@ -8,6 +8,8 @@ import sys
 from tqdm import tqdm
 
 from klguard.config import Config, config_to_dict
+from klguard.preemption import Preemption
+from klguard.run_state import truncate_logs
 from klguard.tracking import Tracking
 from klguard.trainer import PPOTrainer
 
@@ -45,18 +47,25 @@ def train(config: Config) -> dict[str, float]:
         tqdm.write(msg, file=sys.stderr)
 
     trainer = PPOTrainer(config, log=log)
+    if trainer.global_step > 0:  # resumed: a killed run's lines after the checkpoint are redone, not repeated
+        truncate_logs(trainer.run_dir, trainer.global_step)
     tracker = Tracking(config.trainer.logger, trainer.run_dir, project=config.trainer.project_name,
                        experiment=config.trainer.experiment_name, config=config_to_dict(config))
     bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, desc="klguard train", unit="step",
                disable=not config.trainer.progress_bar, file=sys.stderr, dynamic_ncols=True)
     try:
-        last = trainer.fit(tracker, progress=_progress_callback(bar))
+        with Preemption() as preemption:
+            last = trainer.fit(tracker, progress=_progress_callback(bar), preemption=preemption)
     finally:
         bar.close()
         tracker.close()
     _print_summary(tracker.first, tracker.latest, trainer)
     (trainer.run_dir / "summary.json").write_text(json.dumps({"first": tracker.first, "last": tracker.latest},
                                                              indent=1, sort_keys=True))
+    if preemption.requested and trainer.global_step < trainer.total_steps:
+        latest = trainer.state.manager.latest()
+        print(f"klguard: stopped by {preemption.signal_name} after step {trainer.global_step}; latest checkpoint: "
+              f"{latest}; rerun the same command to resume (trainer.resume_mode=auto)", file=sys.stderr)
     return last
 
 

@@ -21,6 +21,7 @@ from klguard.checkpoint import (
     load_state,
     load_tensors,
     save_tensors,
+    verify_checkpoint,
 )
 from klguard.errors import UserError
 
@@ -55,6 +56,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
+REFERENCE_DIR = "ref"
+"""A checkpoint's reference policy, written only once a rollback re-anchored it (otherwise the
+reference is the initial policy, loaded from the model path)."""
+
+
 class RunState:
     def __init__(self, run_dir: Path, max_to_keep: int | None) -> None:
         self.manager = CheckpointManager(run_dir, max_to_keep)
@@ -64,8 +70,11 @@ class RunState:
             return None
         if mode == "resume_path":
             folder = Path(path).expanduser()
-            if not (folder / "trainer_state.json").is_file():
-                raise UserError(f"trainer.resume_from_path={path} is not a klguard checkpoint (no trainer_state.json)")
+            if not (folder / STATE_FILE).is_file():
+                raise UserError(f"trainer.resume_from_path={path} is not a klguard checkpoint (no {STATE_FILE})")
+            why = verify_checkpoint(folder)
+            if why is not None:
+                raise UserError(f"trainer.resume_from_path={path} is a damaged checkpoint: {why}")
             return folder
         return self.manager.latest()
 
@@ -83,6 +92,8 @@ class RunState:
             if trainer.critic is not None:
                 trainer.critic.save_pretrained(folder / "critic", safe_serialization=True)
                 save_tensors(trainer.critic_optim.state_dict(), folder / "critic_optim.pt")
+            if trainer.ref is not None and trainer.reference_step != 0:  # re-anchored by a guard rollback
+                trainer.ref.save_pretrained(folder / REFERENCE_DIR, safe_serialization=True)
 
         state = {
             "global_step": trainer.global_step,
@@ -96,21 +107,18 @@ class RunState:
             "lr_scale": trainer.lr_scale,
             "actor_grad_clip": trainer.actor_grad_clip,
             "kl_frozen": trainer.kl_frozen,
+            "reference_step": trainer.reference_step,
         }
         return self.manager.save(trainer.global_step, write, state)
 
     def mark_stable(self, step: int) -> None:
         """Mark checkpoint `step` stable: the rollout that followed it kept every guard rule quiet."""
-        folder = self.manager.path(step)
-        if (folder / STATE_FILE).is_file():
-            state = load_state(folder)
-            state["stable"] = True
-            atomic_write_text(folder / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
+        self.manager.mark_stable(step)
 
     def latest_stable(self) -> Path | None:
-        """The newest checkpoint confirmed stable (see mark_stable)."""
-        for step in reversed(self.manager.steps()):
-            if load_state(self.manager.path(step)).get("stable", False):
+        """The newest whole checkpoint confirmed stable (see mark_stable)."""
+        for step in self.manager.candidates():
+            if self.manager.is_stable(step) and self.manager.is_valid(step):
                 return self.manager.path(step)
         return None
 
@@ -118,15 +126,20 @@ class RunState:
         """Resume: optimizer, schedule, controller, guard, sampler and RNG state (the caller loaded the
         models from the checkpoint's HF folders)."""
         state = load_state(folder)
-        self._load_optimizers(folder, state, trainer)
-        trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        trainer.sampler.load_state_dict(state["sampler"])
-        trainer.guard.load_state_dict(state["guard"])
-        trainer.lr_scale, trainer.kl_frozen = state["lr_scale"], state["kl_frozen"]
-        trainer.actor_grad_clip = state["actor_grad_clip"]
-        trainer.apply_lr_scale()
-        set_rng_state(state["rng"])
-        return int(state["global_step"])
+        try:
+            self._load_optimizers(folder, state, trainer)
+            trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+            trainer.sampler.load_state_dict(state["sampler"])
+            trainer.guard.load_state_dict(state["guard"])
+            trainer.lr_scale, trainer.kl_frozen = state["lr_scale"], state["kl_frozen"]
+            trainer.actor_grad_clip = state["actor_grad_clip"]
+            trainer.reference_step = int(state.get("reference_step", 0))
+            trainer.apply_lr_scale()
+            set_rng_state(state["rng"])
+            return int(state["global_step"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise UserError(f"checkpoint {folder} does not fit this run ({type(exc).__name__}: {exc}); "
+                            "set trainer.resume_mode=disable or another trainer.default_local_dir") from None
 
     def restore_weights(self, folder: Path, trainer: PPOTrainer) -> int:
         """Rollback: weights and optimizer states only; returns the checkpoint's step."""
@@ -149,3 +162,21 @@ class RunState:
         if trainer.critic is not None:
             trainer.critic_optim.load_state_dict(load_tensors(folder / "critic_optim.pt"))
             trainer.critic_sched.load_state_dict(state["critic_sched"])
+
+
+def truncate_logs(run_dir: Path, step: int) -> None:
+    """On resume from checkpoint `step`, drop the lines of `metrics.jsonl` and `events.jsonl` that a
+    killed run wrote after it (and any torn last line), so every step appears once, as resumed."""
+    for name in ("metrics.jsonl", "events.jsonl"):
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and int(record.get("step", 0)) <= step:
+                kept.append(line + "\n")
+        atomic_write_text(path, "".join(kept))

@@ -30,8 +30,8 @@ from klguard.model.loading import (
 from klguard.reward.manager import RewardManager
 from klguard.rollout import compute_logprobs, generate
 from klguard.run_setup import build_datasets, build_optimizer, resolve_device, seed_everything, step_generator
-from klguard.run_state import RunState
-from klguard.update import PPOBatch, critic_values, update_actor, update_critic
+from klguard.run_state import REFERENCE_DIR, RunState
+from klguard.update import NonFiniteError, PPOBatch, check_finite, critic_values, update_actor, update_critic
 from klguard.validation import score_rollout, validate_policy
 
 
@@ -60,14 +60,17 @@ class PPOTrainer:
                                      seed=tr.seed if config.data.seed is None else config.data.seed)
         self.total_steps = tr.total_training_steps or tr.total_epochs * self.sampler.batches_per_epoch
         self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
-        self.rewards = RewardManager(config, self.tokenizer)
+        self.rewards = RewardManager(config, self.tokenizer, device=self.device)
         self.state = RunState(self.run_dir, tr.max_actor_ckpt_to_keep)
         self.global_step = 0
 
         resume_from = self.state.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)
         actor_path = resume_from / "actor" if resume_from else self.policy_path
         self.actor = load_policy(actor_path, config, trainable=True, device=self.device)
-        self.ref = load_policy(self.policy_path, config, trainable=False, device=self.device) if self.use_ref else None
+        ref_path = resume_from / REFERENCE_DIR if resume_from and (resume_from / REFERENCE_DIR).is_dir() else None
+        self.ref = load_policy(ref_path or self.policy_path, config, trainable=False,
+                               device=self.device) if self.use_ref else None
+        self.reference_step = 0  # set by re-anchoring; restored from the guard state on resume
         self.critic = None
         if self.use_critic:
             critic_path = resume_from / "critic" if resume_from else None
@@ -107,10 +110,12 @@ class PPOTrainer:
                                                                                        self.device))
         mask = out.response_mask.float()
         input_ids, attention_mask = out.input_ids, out.attention_mask
+        check_finite({"old_log_probs": out.old_logprobs}, mask)  # NaN here or below: fit() skips the step
 
         # 3. rewards: the score sits on the last response token
         with _timed(timing, "reward"):
             reward = self._score(rows, out)
+        check_finite({"rewards": reward.scores})
         token_scores = torch.zeros_like(mask)
         last = (out.response_lengths - 1).clamp(min=0)
         token_scores[torch.arange(len(rows)), last] = reward.scores.to(mask)
@@ -123,7 +128,9 @@ class PPOTrainer:
                 ref_logprobs = compute_logprobs(self.ref, input_ids, attention_mask, mask.shape[1],
                                                 rollout_cfg.temperature,
                                                 micro_batch_size=cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
-            kl = kl_penalty(out.old_logprobs, ref_logprobs, cfg.algorithm.kl_penalty) * mask
+            kl = kl_penalty(out.old_logprobs, ref_logprobs, cfg.algorithm.kl_penalty)
+            check_finite({"ref_log_probs": ref_logprobs, "kl": kl}, mask)  # before the controller sees it
+            kl = kl * mask
             current_kl = masked_mean(kl, mask, dim=-1).mean().item()  # verl: mean over sequences of token means
             kl_seq_sum = kl.sum(-1).mean().item()
             beta = self.kl_ctrl.value
@@ -145,23 +152,25 @@ class PPOTrainer:
                 cfg.algorithm.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, values=values,
                 group_index=group_index, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+        check_finite({"critic/values": values, "critic/advantages": advantages, "critic/returns": returns}, mask)
 
         # 6. updates: critic first, the actor once the critic has warmed up
         batch = PPOBatch(input_ids, attention_mask, mask, out.old_logprobs, advantages, returns, values, ref_logprobs)
         update_metrics: dict[str, float] = {}
+        nonfinite: list[str] = []  # loss terms or grad norms whose mini-batch was not applied
         gen = step_generator(cfg.trainer.seed, step, 1, torch.device("cpu"))
         if self.critic is not None:
             with _timed(timing, "update_critic"):
                 update_metrics |= update_critic(self.critic, self.critic_optim, batch, cfg.critic,
                                                 mini_batch_size=cfg.critic.ppo_mini_batch_size * rollout_cfg.n,
-                                                generator=gen)
+                                                generator=gen, nonfinite=nonfinite)
             self.critic_sched.step()
         if step >= cfg.trainer.critic_warmup:
             with _timed(timing, "update_actor"):
                 update_metrics |= update_actor(self.actor, self.actor_optim, batch, actor_cfg,
                                                mini_batch_size=actor_cfg.ppo_mini_batch_size * rollout_cfg.n,
                                                temperature=rollout_cfg.temperature, generator=gen,
-                                               grad_clip=self.actor_grad_clip)
+                                               grad_clip=self.actor_grad_clip, nonfinite=nonfinite)
             update_metrics["actor/grad_clip"] = self.actor_grad_clip
             self.actor_sched.step()
             self.apply_lr_scale()
@@ -169,12 +178,15 @@ class PPOTrainer:
         # 7. metrics
         timing["step"] = time.perf_counter() - started
         self.global_step += 1
+        for where in nonfinite:
+            self.guard.record_nonfinite(self.global_step, where)
         return {
             **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
             **kl_metrics, **update_metrics,
             **{f"timing_s/{k}": v for k, v in timing.items()},
             "perf/throughput": float(out.attention_mask.sum()) / timing["step"],
             "training/global_step": self.global_step, "training/epoch": self.sampler.epoch,
+            "training/nonfinite_skipped": float(bool(nonfinite)),
         }
 
     def _score(self, rows, out):
@@ -207,8 +219,18 @@ class PPOTrainer:
         self.log(f"klguard: rolled back to {folder}")
         return step
 
+    def reanchor_reference(self, step: int) -> None:
+        """Make the reference a frozen copy of the current (just restored) policy of step `step`."""
+        if self.ref is None:
+            return
+        self.ref.load_state_dict(self.actor.state_dict())
+        self.reference_step = step
+        self.log(f"klguard: the reference is now the policy of step {step}")
+
     # ------------------------------------------------------------------ the run
-    def fit(self, tracker, progress=None) -> dict[str, float]:
+    def fit(self, tracker, progress=None, preemption=None) -> dict[str, float]:
+        """Train to `total_steps`; stops early on a guard pause, `trainer.max_nonfinite_steps` skipped
+        steps in a row, or once `preemption.requested` (klguard.preemption), always with a checkpoint."""
         tr = self.cfg.trainer
         last: dict[str, float] = {}
         if tr.val_before_train and self.global_step == 0:
@@ -216,22 +238,39 @@ class PPOTrainer:
             self.guard.observe(0, last)
             tracker.log(last, step=0)
         pending_stable: int | None = None  # the last checkpoint, stable once the next step confirms it
+        nonfinite_run = 0  # consecutive steps with a NaN/Inf somewhere
         while self.global_step < self.total_steps and self.guard.pause_reason is None:
-            metrics = self.train_step()
+            try:
+                metrics = self.train_step()
+            except NonFiniteError as exc:  # rewards, log-probs, KL or values: nothing of this step is applied
+                self.global_step += 1
+                self.guard.record_nonfinite(self.global_step, exc.where)
+                metrics = {"training/global_step": self.global_step, "training/epoch": self.sampler.epoch,
+                           "training/nonfinite_skipped": 1.0}
             step = self.global_step
+            skipped = bool(metrics["training/nonfinite_skipped"])
+            nonfinite_run = nonfinite_run + 1 if skipped else 0
             is_last = step >= self.total_steps
             if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
                 metrics |= self.validate()
             metrics |= self.guard.observe(step, metrics)
-            if pending_stable is not None and self.guard.confirms(step):
+            if 0 < tr.max_nonfinite_steps <= nonfinite_run and self.guard.pause_reason is None:
+                self.guard.pause_reason = (
+                    f"{nonfinite_run} steps in a row had non-finite values (see events.jsonl). To go on: check the "
+                    "reward function or lower actor_rollout_ref.actor.optim.lr, then rerun (trainer.resume_mode=auto "
+                    "resumes).")
+            if pending_stable is not None and not skipped and self.guard.confirms(step):
                 self.state.mark_stable(pending_stable)  # its weights were just measured and found calm
             pending_stable = None
             tracker.log(metrics, step=step)
-            if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last or self.guard.pause_reason:
+            stopping = preemption is not None and preemption.requested
+            if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last or self.guard.pause_reason or stopping:
                 pending_stable = step if self.state.save(self) is not None else None
             if progress is not None:
                 progress(step, metrics)
             last = metrics
+            if stopping:
+                break
         if self.guard.pause_reason:
             self.log(f"klguard: paused at step {self.global_step}: {self.guard.pause_reason}")
         return last

@@ -1,7 +1,8 @@
 """PPO updates: `ppo_epochs` x mini-batches x micro-batches for the actor and the critic.
 
 Each mini-batch is one optimizer step; micro-batches accumulate gradients with weight
-micro/mini as verl does. A step whose gradient norm is not finite is skipped, never applied.
+micro/mini as verl does. A mini-batch whose loss or gradient norm is not finite is skipped, never
+applied, and named in the caller's `nonfinite` list (e.g. `actor/pg_loss`, `critic/grad_norm`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ def critic_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     return out.logits[:, -response_length - 1 : -1, 0].float()
 
 
+class NonFiniteError(Exception):
+    """A value the step depends on is NaN or infinite; `where` names it (e.g. `rewards`)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"non-finite values in {where}")
+        self.where = where
+
+
+def check_finite(tensors: dict[str, Tensor | None], mask: Tensor | None = None) -> None:
+    """Raise NonFiniteError naming the first tensor with a NaN/Inf (at `mask`ed positions when its shape fits)."""
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        values = tensor[mask.bool()] if mask is not None and tensor.shape == mask.shape else tensor
+        if not torch.isfinite(values).all():
+            raise NonFiniteError(name)
+
+
 def _apply_step(params: list[Tensor], optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
     """Clip, then step only when the gradient norm is finite; returns the pre-clip norm."""
     max_norm = grad_clip if grad_clip > 0 else math.inf
@@ -65,6 +84,12 @@ def _apply_step(params: list[Tensor], optimizer: torch.optim.Optimizer, grad_cli
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+def _nonfinite_loss(loss: Tensor, stats: dict[str, float], prefix: str) -> str | None:
+    """The first non-finite loss term's metric name (`{prefix}/loss` if only the total is)."""
+    bad = next((k for k, v in stats.items() if not math.isfinite(v)), None)
+    return bad or (None if math.isfinite(loss.item()) else f"{prefix}/loss")
 
 
 def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
@@ -76,35 +101,50 @@ LossFn = Callable[[PPOBatch], tuple[Tensor, dict[str, float]]]
 
 def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: PPOBatch, loss_fn: LossFn, *,
                  epochs: int, mini_batch_size: int, micro_batch_size: int, shuffle: bool, grad_clip: float,
-                 generator: torch.Generator | None, prefix: str) -> dict[str, list[float]]:
-    """`epochs` x mini-batches (one optimizer step each) x micro-batches (accumulated, weight micro/mini)."""
+                 generator: torch.Generator | None, prefix: str,
+                 nonfinite: list[str] | None = None) -> dict[str, list[float]]:
+    """`epochs` x mini-batches (one optimizer step each) x micro-batches (accumulated, weight micro/mini).
+
+    A mini-batch with a non-finite loss or gradient norm is not applied; its name goes to `nonfinite`
+    and its non-finite values stay out of the metrics."""
     acc: dict[str, list[float]] = defaultdict(list)
     for _ in range(epochs):
         for mini_idx in minibatch_indices(len(batch), mini_batch_size, shuffle, generator):
             mini = batch.select(mini_idx)
+            bad = None
             for micro_idx in torch.arange(len(mini)).split(micro_batch_size):
                 part = mini.select(micro_idx)
                 loss, stats = loss_fn(part)
-                (loss * (len(part) / len(mini))).backward()
+                bad = bad or _nonfinite_loss(loss, stats, prefix)
+                if bad is None:
+                    (loss * (len(part) / len(mini))).backward()
                 for key, value in stats.items():
-                    acc[key].append(value)
-            grad_norm = _apply_step(params, optimizer, grad_clip)
-            acc[f"{prefix}/grad_norm"].append(grad_norm)
-            acc[f"{prefix}/skipped_steps"].append(0.0 if math.isfinite(grad_norm) else 1.0)
+                    if math.isfinite(value):
+                        acc[key].append(value)
+            if bad is None:
+                grad_norm = _apply_step(params, optimizer, grad_clip)
+                bad = None if math.isfinite(grad_norm) else f"{prefix}/grad_norm"
+            else:
+                optimizer.zero_grad(set_to_none=True)
+            if bad is None:
+                acc[f"{prefix}/grad_norm"].append(grad_norm)
+            elif nonfinite is not None and bad not in nonfinite:
+                nonfinite.append(bad)
+            acc[f"{prefix}/skipped_steps"].append(0.0 if bad is None else 1.0)
     return acc
 
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: ActorConfig, *,
                  mini_batch_size: int, temperature: float, generator: torch.Generator | None = None,
-                 grad_clip: float | None = None) -> dict[str, float]:
-    """One PPO policy update over `batch`; returns verl-named actor metrics."""
+                 grad_clip: float | None = None, nonfinite: list[str] | None = None) -> dict[str, float]:
+    """One PPO policy update over `batch`; returns verl-named actor metrics (see _run_updates for `nonfinite`)."""
     model.train()
     acc = _run_updates(
         [p for p in model.parameters() if p.requires_grad], optimizer, batch,
         lambda part: _actor_loss(model, part, cfg, temperature), epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size,
         shuffle=cfg.shuffle, grad_clip=cfg.grad_clip if grad_clip is None else grad_clip, generator=generator,
-        prefix="actor")
+        prefix="actor", nonfinite=nonfinite)
     metrics = _mean_metrics(acc)
     metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
     return metrics
@@ -148,7 +188,8 @@ def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig) -> 
 
 
 def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: CriticConfig, *,
-                  mini_batch_size: int, generator: torch.Generator | None = None) -> dict[str, float]:
+                  mini_batch_size: int, generator: torch.Generator | None = None,
+                  nonfinite: list[str] | None = None) -> dict[str, float]:
     """One clipped value-function update over `batch`; returns verl-named critic metrics."""
     if batch.values is None:
         raise ValueError("the critic update needs rollout-time values")
@@ -157,7 +198,7 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
         [p for p in critic.parameters() if p.requires_grad], optimizer, batch,
         lambda part: _critic_loss(critic, part, cfg), epochs=cfg.ppo_epochs, mini_batch_size=mini_batch_size,
         micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size, shuffle=cfg.shuffle,
-        grad_clip=cfg.grad_clip, generator=generator, prefix="critic")
+        grad_clip=cfg.grad_clip, generator=generator, prefix="critic", nonfinite=nonfinite)
     metrics = _mean_metrics(acc)
     metrics["critic/lr"] = optimizer.param_groups[0]["lr"]
     return metrics

@@ -18,7 +18,7 @@ def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch) ->
         out.response_ids.masked_fill(out.response_mask == 0, tokenizer.pad_token_id).cpu(),
         skip_special_tokens=True)
     return rewards(texts, out.response_lengths.tolist(), [r.data_source for r in rows],
-                   [r.ground_truth for r in rows], [r.extra_info for r in rows])
+                   [r.ground_truth for r in rows], [r.extra_info for r in rows], prompts=[r.raw_prompt for r in rows])
 
 
 @torch.no_grad()

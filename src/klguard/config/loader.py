@@ -120,6 +120,9 @@ def _filter_known_keys(layer: dict, ignored: list[str]) -> dict:
         top = key.split(".")[0]
         if key in ours or _under(key, free_form) or (isinstance(value, dict) and key in free_form):
             _set(kept, key, value)
+        elif _under(key, ours):  # `a.b={c: 1}` where a.b is one of our single-value keys
+            leaf = next(k for k in ours if key.startswith(k + "."))
+            raise ConfigError(f"{leaf} takes a single value, not a mapping (got {key})")
         elif top in _HYDRA_KEYS or key in _verl_keys() or _under(key, _verl_keys()):
             ignored.append(key)
         else:

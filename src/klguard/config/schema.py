@@ -83,6 +83,14 @@ class OptimConfig:
 
 
 @dataclass
+class FSDPConfig:
+    dtype: str = opt(
+        "auto", "Compute dtype, weights stay fp32: bfloat16 (autocast) | float32 | auto = bfloat16 on a GPU that "
+        "has it, else float32 (verl: bfloat16; auto keeps CPU runs exact)"
+    )
+
+
+@dataclass
 class ActorConfig:
     strategy: str = opt("fsdp2", "Parallelism: fsdp2 | fsdp (alias of fsdp2) | none; world size 1 runs unsharded")
     ppo_mini_batch_size: int = opt(32, "Prompts per optimizer step, before rollout.n (verl: 256; demo-sized)")
@@ -108,6 +116,7 @@ class ActorConfig:
     kl_loss_type: str = opt("low_var_kl", "KL estimator of the KL loss (see algorithm.kl_penalty)")
     grad_clip: float = opt(1.0, "Clip the actor's gradient norm to this (<= 0 disables clipping)")
     optim: OptimConfig = section(OptimConfig, "Actor optimizer (AdamW)")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "Precision of the actor, the reference and the reward model")
 
 
 @dataclass
@@ -151,6 +160,7 @@ class CriticModelConfig:
     path: str | None = opt(None, "Critic model folder (null = actor_rollout_ref.model.path)")
     override_config: dict = opt({}, "Overrides applied to the critic's HF config")
     enable_gradient_checkpointing: bool = opt(False, "Recompute activations in backward (verl: true)")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "Precision of the critic")
 
 
 @dataclass
@@ -175,8 +185,24 @@ class CriticConfig:
 
 # ----------------------------------------------------------------------------- rewards
 @dataclass
+class RewardModelModelConfig:
+    path: str | None = opt(None, "Local HF folder of an AutoModelForSequenceClassification reward model (one label)")
+    trust_remote_code: bool = opt(False, "Allow model code shipped inside the reward model folder")
+    override_config: dict = opt({}, "Overrides applied to the reward model's HF config before loading")
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = opt(False, "Score responses with a sequence-classification reward model")
+    model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model")
+    micro_batch_size_per_gpu: int | None = opt(None, "Sequences per reward-model forward (null = the whole batch)")
+    max_length: int | None = opt(None, "Longest prompt+response the RM reads, in its tokens; longer keep the end")
+    length_penalty: float = opt(
+        0.0, "Subtracted from the RM score per response token: RM(q, o) - length_penalty * |o| (ours)"
+    )
+    rule_weight: float = opt(
+        0.0, "Add this times the rule/custom score to the RM score (ours; 0 = verl, the RM score alone)"
+    )
 
 
 @dataclass
@@ -187,8 +213,9 @@ class CustomRewardFunctionConfig:
 
 @dataclass
 class ProxyRewardConfig:
-    enable: bool = opt(
-        True, "Optimise the length-biased proxy instead of the rule score; the rule score is kept as gold (ours)"
+    enable: bool | None = opt(
+        None, "Optimise the length-biased proxy instead of the rule score; the rule score is kept as gold "
+        "(null = on for the built-in task only) (ours)"
     )
     format_weight: float = opt(0.5, "Proxy weight of a well-formed '#### <number>' answer at the start")
     correct_weight: float = opt(0.5, "Proxy weight of the FIRST answer being correct")
@@ -200,7 +227,9 @@ class ProxyRewardConfig:
 @dataclass
 class KLCtrlConfig:
     type: str = opt("fixed", "KL controller: fixed | adaptive (Ziegler et al. 2019) | pid (PI on log beta, ours)")
-    kl_coef: float = opt(0.3, "Initial KL coefficient beta (verl: 0.001, which lets the demo hack)")
+    kl_coef: float = opt(
+        0.05, "Initial KL coefficient beta (verl: 0.001, which lets the demo hack; the guard raises it on hacking)"
+    )
     horizon: int = opt(10000, "Adaptive controller horizon in rollouts")
     target_kl: float = opt(0.015, "Controller's KL target in kl_unit (verl: 0.1; the seed: 0.015)")
     kl_unit: str = opt(
@@ -234,7 +263,7 @@ class TrainerConfig:
     logger: list = opt(
         ["console", "jsonl", "tensorboard"], "Trackers: console, jsonl (alias file), tensorboard, wandb, mlflow"
     )
-    save_freq: int = opt(50, "Checkpoint every N steps (-1 = only at the end)")
+    save_freq: int = opt(10, "Checkpoint every N steps (-1 = only at the end); the guard rolls back to these")
     resume_mode: str = opt("auto", "auto (latest checkpoint in default_local_dir) | disable | resume_path")
     resume_from_path: str | None = opt(None, "Checkpoint folder to resume from when resume_mode=resume_path")
     val_before_train: bool = opt(True, "Validate before the first step")
@@ -247,6 +276,9 @@ class TrainerConfig:
     device: str = opt("auto", "cpu | cuda | auto (verl: cuda)")
     seed: int = opt(1, "Seeds every RNG (torch, numpy, python, sampling) so a CPU run is reproducible (ours)")
     progress_bar: bool = opt(True, "Show a live progress bar (ours)")
+    max_nonfinite_steps: int = opt(
+        3, "Pause after this many steps in a row skipped for a NaN/Inf in rewards, log-probs, KL, loss or grads (ours)"
+    )
 
 
 # ----------------------------------------------------------------------------- sft (built-in policy)
@@ -266,11 +298,27 @@ class SFTConfig:
     cache_dir: str | None = opt(None, "Where the SFT policy is cached (null = $KLGUARD_CACHE or ~/.cache/klguard)")
 
 
+# ----------------------------------------------------------------------------- klguard calibrate
+@dataclass
+class CalibrateConfig:
+    grid: list[float] = opt(
+        [0.005, 0.01, 0.015, 0.02, 0.03, 0.05],
+        "target_kl values swept by `klguard calibrate`, in algorithm.kl_ctrl.kl_unit",
+    )
+    controller: str = opt("adaptive", "KL controller each sweep run uses: adaptive | pid (target_kl must steer it)")
+    horizon: int = opt(300, "Adaptive controller horizon for the sweep runs (short runs need a fast controller)")
+    kl_coef: float = opt(0.05, "Initial kl_coef of every sweep run")
+    max_hacking_rate: float = opt(0.1, "The recommendation keeps the final hacking rate at or under this")
+    metric: str = opt(
+        "val-core/", "Score to maximise: a metric name, or val-core/ = the first validation accuracy (gold on the demo)"
+    )
+    output_dir: str = opt("calibration", "Where the sweep's runs, calibration.json and report.html go")
+    parallel: int | None = opt(None, "Sweep runs at once (null = one per two cores, all cores on a 2-core machine)")
+
+
 @dataclass
 class GuardSection(GuardConfig):
-    enable: bool = opt(
-        False, "Run the KL guard (off by default until its thresholds are calibrated on the demo; see README)"
-    )
+    enable: bool = opt(True, "Run the KL guard (false: plain verl behaviour)")
 
 
 @dataclass
@@ -285,3 +333,4 @@ class Config:
     trainer: TrainerConfig = section(TrainerConfig, "Run length, logging, checkpoints")
     guard: GuardSection = section(GuardSection, "The KL guard: rules that watch the run and act (ours)")
     sft: SFTConfig = section(SFTConfig, "Supervised warm start of the built-in policy (ours)")
+    calibrate: CalibrateConfig = section(CalibrateConfig, "`klguard calibrate`: the target_kl sweep (ours)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from klguard.algo.advantage import ADV_ESTIMATORS, GROUP_ESTIMATORS
@@ -13,6 +14,8 @@ from klguard.errors import ConfigError
 
 KL_CTRL_TYPES = ("fixed", "adaptive", "pid")
 STRATEGIES = ("fsdp2", "fsdp", "none")
+ROLLOUT_NAMES = ("hf", "vllm", "sglang")
+DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32")
 LOGGERS = ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow")
 
 
@@ -38,6 +41,9 @@ def validate(cfg: Config) -> None:
     _validate_batches(cfg)
     _validate_data(cfg)
     _validate_trainer(cfg)
+    _validate_user_files(cfg)
+    _validate_reward_model(cfg)
+    _validate_calibrate(cfg)
     try:
         cfg.guard.validate()
     except ValueError as exc:
@@ -71,8 +77,6 @@ def _validate_algorithm(cfg: Config) -> None:
         _fail("actor_rollout_ref.rollout.n", n, f"must be >= 2 for the group estimator {alg.adv_estimator}")
     if cfg.critic.enable is False and alg.adv_estimator == "gae":
         _fail("critic.enable", False, "but algorithm.adv_estimator=gae needs a critic")
-    if cfg.reward_model.enable:
-        _fail("reward_model.enable", True, "is not supported yet; use a rule or custom_reward_function")
 
 
 def _validate_actor(cfg: Config) -> None:
@@ -107,7 +111,7 @@ def _validate_actor(cfg: Config) -> None:
 def _validate_rollout(cfg: Config) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     prefix = "actor_rollout_ref.rollout"
-    _one_of(f"{prefix}.name", rollout.name, ("hf",))
+    _one_of(f"{prefix}.name", rollout.name, ROLLOUT_NAMES)  # vllm/sglang: accepted, sampled with hf (one warning)
     if rollout.n < 1:
         _fail(f"{prefix}.n", rollout.n, "must be >= 1")
     for key, kw in ((prefix, rollout), (f"{prefix}.val_kwargs", rollout.val_kwargs)):
@@ -187,3 +191,46 @@ def _validate_trainer(cfg: Config) -> None:
         _fail("trainer.test_freq", tr.test_freq, "must be >= 1 or -1")
     if tr.max_actor_ckpt_to_keep is not None and tr.max_actor_ckpt_to_keep < 1:
         _fail("trainer.max_actor_ckpt_to_keep", tr.max_actor_ckpt_to_keep, "must be >= 1 or null")
+    if tr.max_nonfinite_steps < 0:
+        _fail("trainer.max_nonfinite_steps", tr.max_nonfinite_steps, "must be >= 0 (0 = never pause)")
+
+
+def _validate_reward_model(cfg: Config) -> None:
+    rm = cfg.reward_model
+    _one_of("actor_rollout_ref.actor.fsdp_config.dtype", cfg.actor_rollout_ref.actor.fsdp_config.dtype, DTYPES)
+    _one_of("critic.model.fsdp_config.dtype", cfg.critic.model.fsdp_config.dtype, DTYPES)
+    for key in ("micro_batch_size_per_gpu", "max_length"):
+        value = getattr(rm, key)
+        if value is not None and value < 1:
+            _fail(f"reward_model.{key}", value, "must be >= 1 or null")
+    _positive("reward_model.length_penalty", rm.length_penalty, allow_zero=True)
+    if not math.isfinite(rm.rule_weight):
+        _fail("reward_model.rule_weight", rm.rule_weight, "must be a finite number")
+    if not rm.enable:
+        return
+    if not rm.model.path:
+        _fail("reward_model.model.path", None, "must be set when reward_model.enable=true")
+    if cfg.proxy_reward.enable:
+        _fail("proxy_reward.enable", True, "conflicts with reward_model.enable=true (both would set the score)")
+
+
+def _validate_calibrate(cfg: Config) -> None:
+    cal = cfg.calibrate
+    if not cal.grid:
+        _fail("calibrate.grid", cal.grid, "must list at least one target_kl")
+    for value in cal.grid:
+        _positive("calibrate.grid", value)
+    _one_of("calibrate.controller", cal.controller, ("adaptive", "pid"))
+    _positive("calibrate.horizon", cal.horizon)
+    _positive("calibrate.kl_coef", cal.kl_coef)
+    if not 0 <= cal.max_hacking_rate <= 1:
+        _fail("calibrate.max_hacking_rate", cal.max_hacking_rate, "must be in [0, 1]")
+    if cal.parallel is not None and cal.parallel < 1:
+        _fail("calibrate.parallel", cal.parallel, "must be >= 1 or null")
+
+
+def _validate_user_files(cfg: Config) -> None:
+    """Files the run reads late (after the warm start): fail now, not minutes in."""
+    path = cfg.custom_reward_function.path
+    if path and not Path(path).expanduser().is_file():
+        raise ConfigError(f"custom_reward_function.path={path} does not exist")

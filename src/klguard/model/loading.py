@@ -1,4 +1,6 @@
-"""Load the policy, reference, critic and tokenizer from Hugging Face folders, as a real model loads."""
+"""Load the policy, reference, critic and tokenizer from local Hugging Face folders (any causal LM that
+AutoModelForCausalLM knows: Llama, Qwen2, Mistral, Gemma, GPT-2, ...). Weights are fp32 masters;
+`fsdp_config.dtype` runs the forward under bf16 autocast. Remote code runs only with trust_remote_code."""
 
 from __future__ import annotations
 
@@ -45,36 +47,103 @@ def check_model_folder(path: str | Path, key: str, *, tokenizer: bool = False) -
     return folder
 
 
-def load_tokenizer(path: Path, cfg: Config):
-    model_cfg = cfg.actor_rollout_ref.model
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
-    if tokenizer.pad_token_id is None:  # common for Llama/GPT-2: reuse EOS, masks keep it out of the loss
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    if model_cfg.custom_chat_template:
-        tokenizer.chat_template = model_cfg.custom_chat_template
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def hf_load(loader, path: Path, key: str, **kwargs):
+    """`loader(path, **kwargs)` (a from_pretrained); a folder HF cannot read is one line naming `key`."""
+    try:
+        return loader(path, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{key}={path} could not be loaded: {type(exc).__name__}: {_one_line(exc)}") from None
+
+
+def set_pad_token(tokenizer, key: str):
+    """No pad token (Llama, GPT-2): reuse EOS (or UNK); masks keep pad positions out of every loss."""
+    if tokenizer.pad_token_id is None:
+        fallback = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
+        if fallback is None:
+            raise UserError(f"{key}: the tokenizer has no pad, eos or unk token to pad with")
+        tokenizer.pad_token = fallback
     return tokenizer
 
 
-def _hf_config(path: Path, override: dict, trust_remote_code: bool):
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    for key, value in (override or {}).items():
-        setattr(config, key, value)
+def load_tokenizer(path: Path, cfg: Config):
+    model_cfg = cfg.actor_rollout_ref.model
+    key = "actor_rollout_ref.model.tokenizer_path" if model_cfg.tokenizer_path else "actor_rollout_ref.model.path"
+    tokenizer = hf_load(AutoTokenizer.from_pretrained, path, key, trust_remote_code=model_cfg.trust_remote_code)
+    set_pad_token(tokenizer, key)
+    tokenizer.padding_side = "left"
+    if model_cfg.custom_chat_template:
+        tokenizer.chat_template = model_cfg.custom_chat_template
+    if not tokenizer.chat_template:
+        raise UserError(f"{key}={path}: the tokenizer has no chat template (a base model?); "
+                        "set actor_rollout_ref.model.custom_chat_template")
+    return tokenizer
+
+
+def hf_config(path: Path, override: dict, trust_remote_code: bool, key: str = "model path"):
+    config = hf_load(AutoConfig.from_pretrained, path, key, trust_remote_code=trust_remote_code)
+    for name, value in (override or {}).items():
+        try:
+            setattr(config, name, value)
+        except (ValueError, TypeError) as exc:
+            raise UserError(f"{key}: override_config.{name}={value!r} rejected: {_one_line(exc)}") from None
     return config
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward (transformers 5 renamed gradient_ to activation_checkpointing)."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
+CAUSAL_LM_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def check_architecture(config, heads: tuple[str, ...], key: str, path: Path, kind: str) -> None:
+    """A folder whose saved architectures carry another head (e.g. a reward model given as the policy)
+    would load with a freshly initialised head: refuse it in one line."""
+    names = getattr(config, "architectures", None) or []
+    if names and not any(n.endswith(heads) for n in names):
+        raise UserError(f"{key}={path} is not a {kind} (architectures: {', '.join(names)})")
+
+
+def compute_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for fsdp_config.dtype, or None for plain fp32."""
+    if name in ("float32", "fp32"):
+        return None
+    if name == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if cuda_bf16 else None
+    return torch.bfloat16
+
+
+def apply_precision(model: torch.nn.Module, dtype_name: str, device: torch.device) -> torch.nn.Module:
+    """Run `model`'s forward under bf16 autocast when asked; the weights (and the optimizer) stay fp32.
+    Callers upcast logits to fp32 before log-softmax."""
+    dtype = compute_dtype(dtype_name, device)
+    if dtype is not None:
+        model.forward = torch.autocast(device_type=device.type, dtype=dtype)(model.forward)
+    return model
 
 
 def load_policy(path: Path, cfg: Config, *, trainable: bool, device: torch.device) -> torch.nn.Module:
     """The actor (trainable) or the frozen reference, fp32 master weights."""
     model_cfg = cfg.actor_rollout_ref.model
-    config = _hf_config(path, model_cfg.override_config, model_cfg.trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32,
-                                                 trust_remote_code=model_cfg.trust_remote_code).to(device)
+    key = "actor_rollout_ref.model.path"
+    config = hf_config(path, model_cfg.override_config, model_cfg.trust_remote_code, key)
+    check_architecture(config, CAUSAL_LM_HEADS, key, path, "causal language model")
+    model = hf_load(AutoModelForCausalLM.from_pretrained, path, key, config=config, dtype=torch.float32,
+                    trust_remote_code=model_cfg.trust_remote_code).to(device)
     if trainable and model_cfg.enable_gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_checkpointing(model)
     if not trainable:
         model.requires_grad_(False)
     model.train(trainable)
-    return model
+    return apply_precision(model, cfg.actor_rollout_ref.actor.fsdp_config.dtype, device)
 
 
 def load_critic(policy_path: Path, cfg: Config, *, device: torch.device,
@@ -88,14 +157,15 @@ def load_critic(policy_path: Path, cfg: Config, *, device: torch.device,
     else:
         path = policy_path
     trust = cfg.actor_rollout_ref.model.trust_remote_code
-    config = _hf_config(path, cfg.critic.model.override_config, trust)
+    key = "critic.model.path" if cfg.critic.model.path else "actor_rollout_ref.model.path"
+    config = hf_config(path, cfg.critic.model.override_config, trust, key)
     config.num_labels = 1
     config.classifier_dropout = 0.0  # HF's token-classification head defaults to dropout 0.1; values need none
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the fresh value head is expected, not worth a warning
     try:
-        critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
-                                                                 trust_remote_code=trust)
+        critic = hf_load(AutoModelForTokenClassification.from_pretrained, path, key, config=config,
+                         dtype=torch.float32, trust_remote_code=trust)
     finally:
         hf_logging.set_verbosity(level)
     if resume_path is None:  # a zero head starts every value at 0: no random advantages at step 1
@@ -105,5 +175,5 @@ def load_critic(policy_path: Path, cfg: Config, *, device: torch.device,
             if getattr(head, "bias", None) is not None:
                 head.bias.zero_()
     if cfg.critic.model.enable_gradient_checkpointing:
-        critic.gradient_checkpointing_enable()
-    return critic.to(device)
+        enable_checkpointing(critic)
+    return apply_precision(critic.to(device), cfg.critic.model.fsdp_config.dtype, device)

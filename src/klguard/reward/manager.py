@@ -3,12 +3,16 @@
 Sources, as verl picks them: a user's `custom_reward_function` file, else the rule reward chosen by
 `data_source`. With `proxy_reward.enable` (the built-in demo) PPO optimises the length-biased proxy
 and the rule score becomes the gold score: the gap between them is the hacking signal.
+
+With `reward_model.enable` PPO optimises `RM(q, o) - length_penalty * |o| + rule_weight * rule`
+(verl: the RM score alone). The rule score, where one exists (a custom function, or a data source
+with a known rule), is the gold score; a response hacks when gold says wrong and its score is at
+least the mean score of the batch's gold-correct responses.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +23,7 @@ import torch
 from klguard.config.schema import Config
 from klguard.errors import UserError
 from klguard.reward.proxy import hacking_flags, proxy_score, reference_proxy_score
-from klguard.reward.registry import compute_gold_score
+from klguard.reward.registry import compute_gold_score, has_gold_rule
 
 
 @dataclass
@@ -48,12 +52,35 @@ def load_custom_reward(path: str, name: str) -> Callable[..., Any]:
     return fn
 
 
+def proxy_enabled(config: Config) -> bool:
+    """proxy_reward.enable, where null means: on for the built-in task, unless a reward model scores."""
+    if config.proxy_reward.enable is not None:
+        return config.proxy_reward.enable
+    return config.data.train_files is None and not config.reward_model.enable
+
+
+def hacked_by_model(gold: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Gold says wrong while the score reaches the mean score of the batch's gold-correct responses."""
+    correct = gold > 0
+    if not correct.any():
+        return torch.zeros_like(correct)
+    return ~correct & (scores >= scores[correct].mean())
+
+
 class RewardManager:
-    def __init__(self, config: Config, tokenizer) -> None:
+    def __init__(self, config: Config, tokenizer, *, device: torch.device | None = None) -> None:
         self.proxy = config.proxy_reward
+        self.proxy_on = proxy_enabled(config)
         self.tokenizer = tokenizer
         crf = config.custom_reward_function
         self.custom = load_custom_reward(crf.path, crf.name) if crf.path else None
+        self.rm_cfg = config.reward_model
+        self.model = None
+        if config.reward_model.enable:
+            from klguard.reward.model_rm import ModelReward
+            from klguard.run_setup import resolve_device
+
+            self.model = ModelReward(config, device or resolve_device(config.trainer.device))
 
     def _rule(self, i: int, data_source: str, text: str, ground_truth: str, extra_info: Any) -> float:
         try:
@@ -66,15 +93,32 @@ class RewardManager:
         except Exception as exc:
             raise UserError(f"reward function failed on sample {i} (data_source={data_source}): "
                             f"{type(exc).__name__}: {exc}") from None
-        if not math.isfinite(value):
-            raise UserError(f"reward function returned {value} on sample {i} (data_source={data_source})")
-        return value
+        return value  # a NaN/Inf is caught by the trainer, which skips the step and logs it
+
+    def _rules(self, texts, data_sources, ground_truths, extra_infos) -> list[float]:
+        return [self._rule(i, ds, t, gt, ex) for i, (t, ds, gt, ex)
+                in enumerate(zip(texts, data_sources, ground_truths, extra_infos, strict=True))]
+
+    def _with_model(self, texts, n_tokens, data_sources, ground_truths, extra_infos, prompts) -> RewardOutput:
+        if prompts is None:
+            raise ValueError("a reward model needs the prompts")
+        lengths = torch.tensor([float(n) for n in n_tokens])
+        scores = self.model(prompts, texts) - self.rm_cfg.length_penalty * lengths
+        has_rule = self.custom is not None or all(has_gold_rule(ds) for ds in data_sources)
+        if not has_rule and self.rm_cfg.rule_weight == 0:
+            return RewardOutput(scores, None, None)
+        gold = torch.tensor(self._rules(texts, data_sources, ground_truths, extra_infos))
+        scores = scores + self.rm_cfg.rule_weight * gold
+        return RewardOutput(scores, gold, hacked_by_model(gold, scores))
 
     def __call__(self, texts: Sequence[str], n_tokens: Sequence[int], data_sources: Sequence[str],
-                 ground_truths: Sequence[str], extra_infos: Sequence[Any]) -> RewardOutput:
-        rule = [self._rule(i, ds, t, gt, ex) for i, (t, ds, gt, ex)
-                in enumerate(zip(texts, data_sources, ground_truths, extra_infos, strict=True))]
-        if not self.proxy.enable:
+                 ground_truths: Sequence[str], extra_infos: Sequence[Any],
+                 prompts: Sequence[Sequence[dict[str, str]]] | None = None) -> RewardOutput:
+        """`prompts` (each row's chat messages) are needed only by a reward model."""
+        if self.model is not None:
+            return self._with_model(texts, n_tokens, data_sources, ground_truths, extra_infos, prompts)
+        rule = self._rules(texts, data_sources, ground_truths, extra_infos)
+        if not self.proxy_on:
             return RewardOutput(torch.tensor(rule), None, None)
         weights = {"format_weight": self.proxy.format_weight, "correct_weight": self.proxy.correct_weight,
                    "length_weight": self.proxy.length_weight, "length_cap": self.proxy.length_cap}

@@ -13,6 +13,10 @@ def _gsm8k_strict(response_text: str, ground_truth: str) -> float:
     return gsm8k.compute_score(response_text, ground_truth, method="strict")
 
 
+def _gsm8k_flexible(response_text: str, ground_truth: str) -> float:
+    return gsm8k.compute_score(response_text, ground_truth, method="flexible")
+
+
 class RuleReward:
     """A table from `data_source` to a `(response_text, ground_truth) -> float` rule."""
 
@@ -28,6 +32,9 @@ class RuleReward:
         """Add or replace the rule for `data_source`."""
         self._rules[data_source] = fn
 
+    def __contains__(self, data_source: str) -> bool:
+        return data_source in self._rules
+
     def __call__(self, data_source: str, response_text: str, ground_truth: str) -> float:
         """Score one response; ValueError naming `data_source` when no rule is known."""
         try:
@@ -39,9 +46,11 @@ class RuleReward:
         return float(rule(response_text, ground_truth))
 
 
-# Both use GSM8K's strict rule: the arithmetic demo writes its answers as `#### <number>`.
+# GSM8K's strict rule as verl scores `openai/gsm8k` (the arithmetic demo writes `#### <number>` too);
+# `openai/gsm8k:flexible` reads the last number in the response instead (verl's flexible method).
 DEFAULT_RULES: dict[str, ScoreFn] = {
     "openai/gsm8k": _gsm8k_strict,
+    "openai/gsm8k:flexible": _gsm8k_flexible,
     "klguard/arith": _gsm8k_strict,
 }
 
@@ -51,3 +60,8 @@ _DEFAULT = RuleReward()
 def compute_gold_score(data_source: str, response_text: str, ground_truth: str) -> float:
     """The gold score of one response under the default rule table."""
     return _DEFAULT(data_source, response_text, ground_truth)
+
+
+def has_gold_rule(data_source: str) -> bool:
+    """Whether the default rule table can score `data_source`."""
+    return data_source in _DEFAULT

@@ -1,0 +1,74 @@
+"""A reward model RM(q, o): an `AutoModelForSequenceClassification` (one label) from a local folder.
+
+As verl does when the RM's tokenizer differs from the policy's, each prompt (its chat messages) and
+decoded response are re-rendered with the RM's own chat template (`[*prompt, {assistant: response}]`)
+and re-tokenised; an RM tokenizer without a template reads `prompt text + response`. Sequences are
+right-padded and scored in micro-batches of `reward_model.micro_batch_size_per_gpu`; longer than
+`reward_model.max_length` keeps the end (the score sits on the last token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from klguard.config.schema import Config
+from klguard.errors import UserError
+from klguard.model.loading import (
+    apply_precision,
+    check_architecture,
+    check_model_folder,
+    hf_config,
+    hf_load,
+    set_pad_token,
+)
+
+KEY = "reward_model.model.path"
+
+
+class ModelReward:
+    def __init__(self, config: Config, device: torch.device) -> None:
+        rm = config.reward_model
+        folder = check_model_folder(rm.model.path, KEY)
+        trust = rm.model.trust_remote_code
+        self.tokenizer = set_pad_token(hf_load(AutoTokenizer.from_pretrained, folder, KEY, trust_remote_code=trust),
+                                       KEY)
+        self.tokenizer.padding_side, self.tokenizer.truncation_side = "right", "left"
+        hf_cfg = hf_config(folder, rm.model.override_config, trust, KEY)
+        check_architecture(hf_cfg, ("ForSequenceClassification",), KEY, folder, "sequence-classification model")
+        if hf_cfg.num_labels != 1:
+            raise UserError(f"{KEY}={rm.model.path} has {hf_cfg.num_labels} labels; a reward model has one")
+        if hf_cfg.pad_token_id is None:  # HF finds each sequence's last token through the pad id
+            hf_cfg.pad_token_id = self.tokenizer.pad_token_id
+        model = hf_load(AutoModelForSequenceClassification.from_pretrained, folder, KEY, config=hf_cfg,
+                        dtype=torch.float32, trust_remote_code=trust)
+        self.model = apply_precision(model.to(device).eval().requires_grad_(False),
+                                     config.actor_rollout_ref.actor.fsdp_config.dtype, device)
+        self.device = device
+        self.micro_batch = rm.micro_batch_size_per_gpu
+        self.max_length = rm.max_length
+
+    def render(self, prompt: Sequence[dict[str, str]], response: str) -> str:
+        if self.tokenizer.chat_template:
+            chat = [*prompt, {"role": "assistant", "content": response}]
+            return self.tokenizer.apply_chat_template(chat, tokenize=False)
+        return "\n".join(m["content"] for m in prompt) + "\n" + response
+
+    @torch.no_grad()
+    def __call__(self, prompts: Sequence[Sequence[dict[str, str]]], responses: Sequence[str]) -> torch.Tensor:
+        """One float score per (prompt, response), on the CPU."""
+        texts = [self.render(p, r) for p, r in zip(prompts, responses, strict=True)]
+        step = self.micro_batch or max(1, len(texts))
+        # a chat template writes its own special tokens; plain text gets the tokenizer's (e.g. BOS)
+        special = not self.tokenizer.chat_template
+        scores = []
+        for start in range(0, len(texts), step):
+            enc = self.tokenizer(texts[start : start + step], padding=True, return_tensors="pt",
+                                 add_special_tokens=special, truncation=self.max_length is not None,
+                                 max_length=self.max_length)
+            logits = self.model(input_ids=enc["input_ids"].to(self.device),
+                                attention_mask=enc["attention_mask"].to(self.device)).logits
+            scores.append(logits[:, 0].float().cpu())
+        return torch.cat(scores) if scores else torch.zeros(0)

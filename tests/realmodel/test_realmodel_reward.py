@@ -1,0 +1,85 @@
+"""Rewards on real tokenizers: the sequence-classification reward model, its combination with rules, the
+length penalty, GSM8K strict/flexible by data_source, and custom reward files that fail (NaN scores are the
+trainer's to handle)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from klguard.config import load_config
+from klguard.errors import UserError
+from klguard.reward.manager import RewardManager, hacked_by_model
+from klguard.reward.registry import compute_gold_score
+
+PROMPTS = [[{"role": "user", "content": "Tom has 3 apples and buys 11 more."}],
+           [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How many apples?"}],
+           [{"role": "user", "content": "Tom has 4 apples."}]]
+RESPONSES = ["#### 14", "He has 25 apples now, the answer is 25", ""]
+
+
+def _manager(*overrides: str) -> RewardManager:
+    config = load_config(None, ["data.train_files=x.parquet", "data.val_files=y.parquet", "trainer.device=cpu",
+                                *overrides]).config
+    return RewardManager(config, tokenizer=None)
+
+
+def _direct_rm_scores(folder) -> list[float]:
+    """One sequence at a time, rendered with the RM's own chat template: what batching must reproduce."""
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    scores = []
+    for prompt, response in zip(PROMPTS, RESPONSES, strict=True):
+        text = tok.apply_chat_template([*prompt, {"role": "assistant", "content": response}], tokenize=False)
+        ids = tok(text, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            scores.append(model(**ids).logits[0, 0].item())
+    return scores
+
+
+@pytest.mark.parametrize("micro", [1, 2, 8])
+def test_reward_model_batched_scores_match_one_at_a_time_minus_length_penalty(assets, micro):
+    rm = _manager("reward_model.enable=true", f"reward_model.model.path={assets.rm}",
+                  f"reward_model.micro_batch_size_per_gpu={micro}", "reward_model.length_penalty=0.1")
+    n_tokens = [3, 12, 1]
+    out = rm(RESPONSES, n_tokens, ["openai/gsm8k"] * 3, ["14", "25", "4"], [{}] * 3, prompts=PROMPTS)
+    expected = torch.tensor(_direct_rm_scores(assets.rm)) - 0.1 * torch.tensor(n_tokens, dtype=torch.float)
+    torch.testing.assert_close(out.scores, expected, rtol=1e-4, atol=1e-5)
+    assert out.gold.tolist() == [1.0, 0.0, 0.0]  # GSM8K strict is kept as the gold score
+
+
+def test_rule_weight_adds_the_rule_score_and_unknown_sources_have_no_gold(assets):
+    base = ["reward_model.enable=true", f"reward_model.model.path={assets.rm}"]
+    args = (RESPONSES, [3, 12, 1], ["openai/gsm8k"] * 3, ["14", "25", "4"], [{}] * 3)
+    alone = _manager(*base)(*args, prompts=PROMPTS)
+    mixed = _manager(*base, "reward_model.rule_weight=2.0")(*args, prompts=PROMPTS)
+    torch.testing.assert_close(mixed.scores, alone.scores + 2.0 * torch.tensor([1.0, 0.0, 0.0]))
+    chat = _manager(*base)(RESPONSES, [3, 12, 1], ["hh_rlhf"] * 3, ["", "", ""], [{}] * 3, prompts=PROMPTS)
+    assert chat.gold is None and chat.hacked is None  # an RM-only data source needs no rule
+
+
+def test_hacked_by_model_compares_with_the_correct_answers_mean():
+    gold, scores = torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([1.0, 3.0, 2.5, 1.5])
+    assert hacked_by_model(gold, scores).tolist() == [False, False, True, False]
+    assert not hacked_by_model(torch.zeros(2), torch.ones(2)).any()
+
+
+def test_gsm8k_strict_and_flexible_by_data_source():
+    text = "The answer is 25"
+    assert compute_gold_score("openai/gsm8k", text, "25") == 0.0
+    assert compute_gold_score("openai/gsm8k:flexible", text, "25") == 1.0
+    assert compute_gold_score("openai/gsm8k:flexible", "#### 24 then 25", "25") == 1.0
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("def other(*a):\n    return 1.0\n", "custom_reward_function.name=compute_score is not a function in"),
+    ("def compute_score(ds, s, gt, ei=None):\n    return 1 / (len(s) - 7)\n",
+     "reward function failed on sample 1 (data_source=openai/gsm8k): ZeroDivisionError"),
+])
+def test_custom_reward_failures_name_the_sample(tmp_path, body, message):
+    file = tmp_path / "reward.py"
+    file.write_text(body)
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        manager = _manager(f"custom_reward_function.path={file}")
+        manager(["fine", "sevenCh", "bad"], [1, 1, 1], ["openai/gsm8k"] * 3, ["1"] * 3, [{}] * 3)

@@ -1,0 +1,43 @@
+"""Helpers for tests that run `klguard train` as a separate process and read its run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+IGNORED_PREFIXES = ("timing_s/", "perf/")  # wall-clock measurements, different in every run
+
+
+def start_train(overrides: list[str], stderr_path: Path, **env: str) -> subprocess.Popen:
+    """`python -m klguard train ...` with as many torch threads as this process (same float sums)."""
+    child_env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), **env)
+    with open(stderr_path, "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "klguard", "train", *overrides], env=child_env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+
+
+def records(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(IGNORED_PREFIXES)}
+
+
+def wait_until(condition: Callable[[], bool], proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before the awaited point")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("timed out waiting for the run")
+        time.sleep(0.005)
