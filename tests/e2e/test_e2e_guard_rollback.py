@@ -61,14 +61,28 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
     for step in trainer.state.manager.steps():
         weights = load_file(trainer.state.manager.path(step) / "actor" / "model.safetensors")
         assert all(torch.isfinite(t).all() for t in weights.values())
+    # the rollback re-anchored the reference to the restored policy, and later checkpoints carry it
+    reanchor = [e for e in events if e["kind"] == "reanchor_reference"]
+    assert [(e["step"], e["old"], e["new"]) for e in reanchor] == [(4, 0, 2)]
+    assert trainer.reference_step == 2
+    last = trainer.state.manager.path(7)
+    assert not (trainer.state.manager.path(2) / "ref").exists()
+    ref_saved = load_file(last / "ref" / "model.safetensors")
+    for name, tensor in saved.items():
+        assert torch.equal(ref_saved[name], tensor), name
+    resumed = PPOTrainer(load_config(None, [*fast_overrides, *quiet, "guard.enable=true",
+                                            "trainer.total_training_steps=7"]).config, log=lambda msg: None)
+    assert resumed.reference_step == 2
+    for name, tensor in resumed.ref.state_dict().items():
+        assert torch.equal(tensor, ref_saved[name]), name
 
 
 def test_resumed_run_takes_the_same_guard_decisions(fast_overrides, tmp_path):
     from klguard.cli import main
 
     # the tiny test policy's weak score trips the penalty-share rule: a real, repeated guard decision
-    guarded = [*fast_overrides, "guard.enable=true", "guard.cooldown=2", "trainer.save_freq=2", "trainer.test_freq=-1",
-               "trainer.val_before_train=false"]
+    guarded = [*fast_overrides, "guard.enable=true", "guard.cooldown=2", "guard.penalty_share_max=0.01",
+               "trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false"]
     assert main(["train", *guarded, "trainer.total_training_steps=6",
                  f"trainer.default_local_dir={tmp_path / 'straight'}"]) == 0
     resumed = [*guarded, f"trainer.default_local_dir={tmp_path / 'resumed'}"]

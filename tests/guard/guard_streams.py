@@ -58,7 +58,20 @@ class Driver:
         return {s: [a.kind for a in acts] for s, acts in self.log.items() if acts}
 
 
+SEED_THRESHOLDS: dict[str, object] = {
+    # the seed document's values where klguard's calibrated defaults differ; the rule tests were
+    # written against these numbers, and they exercise every rule (the defaults switch one off)
+    "penalty_share_max": 0.2, "kl_hard_limit": 0.05, "rollback_kl_coef_factor": 2.0, "rollback_lr_factor": 1.0,
+    "length_growth_max": 0.5, "length_corr_max": 0.5, "hacking_action": "raise_kl_coef",
+    "reanchor_on_rollback": False,
+}
+
+
+def seed_config(**cfg: object) -> GuardConfig:
+    return GuardConfig(**{**SEED_THRESHOLDS, **cfg})
+
+
 def make(total_steps: int = 100, target_kl: float = 0.015, kl_coef: float | None = 0.1, **cfg: object) -> Driver:
-    """A Driver around a fresh guard with ``GuardConfig(**cfg)``."""
-    guard = KLGuard(GuardConfig(**cfg), total_steps=total_steps, target_kl=target_kl, kl_coef=kl_coef)
+    """A Driver around a fresh guard with the seed's thresholds overridden by ``cfg``."""
+    guard = KLGuard(seed_config(**cfg), total_steps=total_steps, target_kl=target_kl, kl_coef=kl_coef)
     return Driver(guard, beta=QUIET["actor/reward_kl_penalty_coeff"] if kl_coef is None else kl_coef)

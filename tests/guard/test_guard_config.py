@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 
@@ -18,12 +19,17 @@ def test_every_field_has_a_one_line_help() -> None:
         assert text and "\n" not in text and len(text) < 110, f.name
 
 
-def test_seed_defaults() -> None:
+def test_defaults_are_the_seed_values_except_the_calibrated_ones() -> None:
     cfg = GuardConfig()
-    assert (cfg.ppo_kl_max, cfg.penalty_share_max, cfg.grad_norm_max, cfg.grad_clip_on_alarm) == (0.025, 0.2, 10.0, 1.0)
-    assert (cfg.val_drop_max, cfg.kl_hard_limit, cfg.target_kl_step, cfg.slow_kl_coef_factor) == (0.05, 0.05, 0.005,
-                                                                                                   1.2)
+    assert (cfg.ppo_kl_max, cfg.grad_norm_max, cfg.grad_clip_on_alarm) == (0.025, 10.0, 1.0)
+    assert (cfg.val_drop_max, cfg.target_kl_step, cfg.slow_kl_coef_factor) == (0.05, 0.005, 1.2)
     assert (cfg.warmup_ratio, cfg.warmup_kl_coef, cfg.max_rollbacks) == (0.2, None, 3)
+    # calibrated on the demo (README, "Calibrating the guard"): each help names the seed's value
+    assert (cfg.penalty_share_max, cfg.kl_hard_limit, cfg.hacking_action) == (0.5, 0.1, "rollback")
+    assert (cfg.rollback_kl_coef_factor, cfg.rollback_lr_factor, cfg.length_growth_max) == (6.0, 0.5, 0.75)
+    assert cfg.reanchor_on_rollback
+    helps = {f.name: f.metadata["help"] for f in fields(GuardConfig)}
+    assert "seed: 0.2" in helps["penalty_share_max"] and "seed: 0.05" in helps["kl_hard_limit"]
     cfg.validate()
 
 
@@ -60,7 +66,7 @@ def test_default_target_kl_scale_rule() -> None:
 
 def test_action_records() -> None:
     assert set(ACTION_KINDS) == {"warn", "cut_lr", "raise_kl_coef", "lower_target_kl", "set_grad_clip", "rollback",
-                                 "pause", "freeze_kl_coef", "release_kl_coef"}
+                                 "pause", "freeze_kl_coef", "release_kl_coef", "reanchor_reference"}
     action = Action("cut_lr", "Cut.", "actor/ppo_kl", 0.03, 0.025, 1.0, 0.5, 7, "ppo_kl")
     assert json.loads(json.dumps(action.to_dict())) == dataclasses.asdict(action)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -133,3 +133,23 @@ def test_rollback_into_warmup_freezes_again() -> None:
     again = d.guard.on_rollback(5)
     assert [(a.kind, a.new) for a in again] == [("freeze_kl_coef", 0.01)]
     assert d.guard.in_warmup(6)
+
+
+def test_a_rollback_can_also_cut_the_lr() -> None:
+    d = make(rollback_lr_factor=0.5)
+    d.run(steps({4: HARD}, 4))
+    assert d.fired() == {4: ["rollback", "lower_target_kl", "raise_kl_coef", "cut_lr"]}
+    cut = d.log[4][3]
+    assert (cut.rule, cut.old, cut.new) == ("kl_hard", 1.0, 0.5)
+    assert d.metrics[4]["guard/lr_scale"] == 0.5
+
+
+def test_a_rollback_reanchors_the_reference_once_per_restored_step() -> None:
+    d = make(reanchor_on_rollback=True)
+    d.run(steps({4: HARD}, 4))
+    follow = d.guard.on_rollback(3)
+    assert [a.kind for a in follow] == ["reanchor_reference"]
+    assert (follow[0].old, follow[0].new, follow[0].rule) == (0, 3, "rollback")
+    assert d.guard.state_dict()["reference_step"] == 3
+    assert d.guard.on_rollback(3) == []  # the reference already holds step 3
+    assert [a.new for a in d.guard.on_rollback(0)] == [0]  # back to the initial policy

@@ -139,6 +139,14 @@ def test_slow_rule_fires_after_window_consecutive_steps() -> None:
     assert d.log[25][0].old == pytest.approx(0.12)  # the driver applied the first raise
 
 
+def test_slow_rule_is_off_when_no_controller_pursues_target_kl() -> None:
+    d = make()
+    d.guard.kl_controlled = False  # a fixed coefficient: raising it would make the guard a second controller
+    d.run(steps({s: {"actor/reward_kl_penalty": 0.02} for s in range(1, 30)}, 25))
+    assert d.fired() == {}
+    assert d.metrics[25]["guard/alarm_kl_slow"] == 1.0  # still reported
+
+
 # ------------------------------------------------------------------ rule 9: hacking detector
 
 
@@ -191,3 +199,14 @@ def test_hacking_action_none_only_warns() -> None:
     d.run(steps({s: {"response_length/mean": 20.0} for s in range(11, 25)}, 25))
     assert d.fired() == {11: ["warn"], 21: ["warn"]}
     assert QUIET["response_length/mean"] == 10.0
+
+
+def test_penalty_share_waits_a_cooldown_after_any_kl_coef_raise() -> None:
+    # a rollback raises beta x2 at step 3; the share (beta x KL) jumps with it, but the share rule
+    # waits until step 13 instead of compounding the raise at step 4
+    d = make()
+    hard = {"actor/reward_kl_penalty": 0.051}
+    d.run(steps({3: hard} | {s: {"actor/kl_seq_sum": 2.5} for s in range(4, 20)}, 15))
+    raises = [s for s in d.log if "raise_kl_coef" in d.kinds(s)]
+    assert raises == [3, 13]
+    assert d.log[13][0].rule == "penalty_share"

@@ -6,11 +6,11 @@ import itertools
 import json
 import math
 
-from guard_streams import QUIET, Driver, make, steps
+from guard_streams import QUIET, Driver, make, seed_config, steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from klguard.guard import ACTION_KINDS, GuardConfig, KLGuard
+from klguard.guard import ACTION_KINDS, KLGuard
 
 VAL = "val-core/arith/acc/mean@1"
 COOLDOWN_RULES = ("penalty_share", "kl_spike", "kl_slow", "hacking")
@@ -38,7 +38,7 @@ def replay(split: int, stream: list[tuple[int, dict[str, float]]], **cfg: object
     first = make(**cfg)
     first.run(stream[:split])
     state = json.loads(json.dumps(first.guard.state_dict(), allow_nan=False))  # strict JSON
-    resumed = Driver(KLGuard(GuardConfig(**cfg), total_steps=100, target_kl=0.5, kl_coef=7.0), beta=first.beta)
+    resumed = Driver(KLGuard(seed_config(**cfg), total_steps=100, target_kl=0.5, kl_coef=7.0), beta=first.beta)
     resumed.guard.load_state_dict(state)
     resumed.log, resumed.metrics = dict(first.log), dict(first.metrics)
     resumed.run(stream[split:])

@@ -21,6 +21,9 @@ ACTION_KINDS: dict[str, str] = {
     "new: the absolute clip to set.",
     "rollback": "Restore the most recent stable checkpoint, then call guard.on_rollback(step). "
     "old/new: the number of rollbacks before/after this one.",
+    "reanchor_reference": "Copy the policy just restored by a rollback into the reference, so the KL "
+    "penalty holds the run near that validated checkpoint. old/new: the step of the reference's weights "
+    "before/after (0: the initial policy).",
     "pause": "Save a checkpoint and stop cleanly. old/new: null.",
     "freeze_kl_coef": "Hold beta fixed (no controller updates) during warm-up. old: beta in use "
     "(null if unknown); new: the beta to hold.",

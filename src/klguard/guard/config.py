@@ -14,7 +14,8 @@ HACKING_ACTIONS: tuple[str, ...] = ("raise_kl_coef", "rollback", "none")
 
 @dataclass
 class GuardConfig:
-    """Thresholds and responses of the guard's rules (defaults: the seed document's values)."""
+    """Thresholds and responses of the guard's rules. Defaults: the seed document's values, except where
+    a field's help says otherwise (calibrated on the built-in demo; README lists the measurements)."""
 
     enable: bool = field(default=True, metadata={"help": "Run the guard (false: observe() returns no actions)"})
 
@@ -26,7 +27,8 @@ class GuardConfig:
 
     # Rule 2: share of the KL penalty in the reward
     penalty_share_max: float = field(
-        default=0.2, metadata={"help": "beta * KL per sequence / |mean score| above this: raise kl_coef"}
+        default=0.5,
+        metadata={"help": "beta*KL per sequence / |mean score| above this: raise kl_coef (seed: 0.2: ratchets beta)"},
     )
     kl_coef_raise_factor: float = field(default=1.5, metadata={"help": "kl_coef multiplier of the penalty-share rule"})
     kl_coef_max: float = field(default=10.0, metadata={"help": "The guard never raises kl_coef above this"})
@@ -44,13 +46,23 @@ class GuardConfig:
     )
 
     # Rule 5: KL to the reference, rollbacks
-    kl_hard_limit: float = field(default=0.05, metadata={"help": "KL to the reference above this: roll back"})
+    kl_hard_limit: float = field(
+        default=0.1, metadata={"help": "KL to the reference above this: roll back (seed: 0.05, exceeded by healthy "
+                                       "early learning)"}
+    )
     target_kl_step: float = field(
         default=0.005, metadata={"help": "How much a rollback or a KL spike lowers target_kl"}
     )
     target_kl_min: float = field(default=0.002, metadata={"help": "The guard never lowers target_kl below this"})
-    rollback_kl_coef_factor: float = field(default=2.0, metadata={"help": "kl_coef multiplier after a rollback"})
+    rollback_kl_coef_factor: float = field(default=6.0, metadata={"help": "kl_coef multiplier after a rollback"})
+    rollback_lr_factor: float = field(
+        default=0.5, metadata={"help": "lr scale multiplier after a rollback (1 = keep the lr)"}
+    )
     max_rollbacks: int = field(default=3, metadata={"help": "Rollbacks allowed in a run; the next trigger pauses"})
+    reanchor_on_rollback: bool = field(
+        default=True, metadata={"help": "After a rollback the reference becomes the restored policy (KL then holds "
+                                        "the run near it)"}
+    )
 
     # Rule 6: auto-tuning
     spike_factor: float = field(
@@ -73,10 +85,11 @@ class GuardConfig:
     # Rule 9: reward-hacking detector (no gold score needed)
     baseline_window: int = field(default=10, metadata={"help": "First steps averaged into the length/entropy baseline"})
     length_growth_max: float = field(
-        default=0.5, metadata={"help": "response_length/mean above (1 + this) x baseline: hacking signal"}
+        default=0.75, metadata={"help": "response_length/mean above (1 + this) x baseline: hacking signal"}
     )
     length_corr_max: float = field(
-        default=0.5, metadata={"help": "hacking/length_reward_corr above this while length grows: hacking signal"}
+        default=1.0, metadata={"help": "hacking/length_reward_corr above this while length grows: hacking signal "
+                                       "(1 = off)"}
     )
     length_corr_min_growth: float = field(
         default=0.1, metadata={"help": "Relative length growth that counts as 'growing' for the correlation signal"}
@@ -85,7 +98,8 @@ class GuardConfig:
         default=0.3, metadata={"help": "actor/entropy below this x baseline: hacking signal"}
     )
     hacking_action: str = field(
-        default="raise_kl_coef", metadata={"help": "Response to a hacking alarm: raise_kl_coef | rollback | none"}
+        default="rollback", metadata={"help": "Response to a hacking alarm: rollback (then tighten) | raise_kl_coef "
+                                      "| none"}
     )
     hacking_kl_coef_factor: float = field(default=2.0, metadata={"help": "kl_coef multiplier on a hacking alarm"})
 
@@ -99,7 +113,7 @@ class GuardConfig:
                      "target_kl_step", "target_kl_min", "kl_coef_max"):
             if getattr(self, name) <= 0:
                 _bad(name, getattr(self, name), "must be > 0")
-        for name in ("lr_cut_factor", "lr_floor_scale", "entropy_collapse_ratio"):
+        for name in ("lr_cut_factor", "lr_floor_scale", "rollback_lr_factor", "entropy_collapse_ratio"):
             if not 0 < getattr(self, name) <= 1:
                 _bad(name, getattr(self, name), "must be in (0, 1]")
         for name in ("val_drop_max", "val_fall_tol", "length_growth_max", "length_corr_min_growth"):

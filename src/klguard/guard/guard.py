@@ -39,11 +39,13 @@ class KLGuard:
 
     ``target_kl`` and ``kl_coef`` are the controller's starting values (``algorithm.kl_ctrl``);
     ``target_kl`` defaults to :func:`default_target_kl` for one node, ``kl_coef`` is learnt from
-    ``actor/reward_kl_penalty_coeff`` when not given.
+    ``actor/reward_kl_penalty_coeff`` when not given. ``kl_controlled=False`` says no controller
+    pursues ``target_kl`` (a fixed coefficient): the slow-control rule, which speeds up a
+    controller, then stays off instead of acting as a second, ratcheting controller.
     """
 
     def __init__(self, cfg: GuardConfig, *, total_steps: int, target_kl: float | None = None,
-                 kl_coef: float | None = None) -> None:
+                 kl_coef: float | None = None, kl_controlled: bool = True) -> None:
         cfg.validate()
         if total_steps < 0:
             raise ValueError(f"total_steps must be >= 0, got {total_steps}")
@@ -53,6 +55,7 @@ class KLGuard:
         if kl_coef is not None and (not math.isfinite(kl_coef) or kl_coef < 0):
             raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
         self.cfg = cfg
+        self.kl_controlled = kl_controlled
         self.total_steps = int(total_steps)
         self.warmup_steps = int(cfg.warmup_ratio * self.total_steps)
         self._st = GuardState(target_kl=target, kl_coef=None if kl_coef is None else float(kl_coef))
@@ -130,7 +133,7 @@ class KLGuard:
         actions += now
         actions += rules.act_grad_norm(cfg, st, step, obs)
         actions += rules.act_penalty_share(cfg, st, step)
-        actions += rules.act_kl(cfg, st, step, obs, spike_threshold)
+        actions += rules.act_kl(cfg, st, step, obs, spike_threshold, self.kl_controlled)
         actions += self._act_hacking(step, evidence)
         return actions + last
 
@@ -161,7 +164,9 @@ class KLGuard:
                       f"{cfg.max_rollbacks}).", metric, value, threshold, st.rollbacks - 1, st.rollbacks, step, rule)]
         tighten = [rules.lower_target_kl(cfg, st, step, rule, "After a rollback", metric, value, threshold),
                    rules.raise_kl_coef(cfg, st, step, rule, cfg.rollback_kl_coef_factor, "After a rollback", metric,
-                                       value, threshold)]
+                                       value, threshold),
+                   rules.cut_lr(cfg, st, step, rule, cfg.rollback_lr_factor, "After a rollback", metric, value,
+                                threshold, obs.lr)]
         return out + [a for a in tighten if a is not None]
 
     def _act_hacking(self, step: int, evidence: list[Evidence]) -> list[Action]:
@@ -201,8 +206,9 @@ class KLGuard:
     def on_rollback(self, to_step: int) -> list[Action]:
         """The trainer restored the state of step ``to_step``: clear the windows that would fire again
         at once (KL history, streaks, validation best, alarms), keep the tightened target_kl/kl_coef,
-        lr scale, grad clip, rollback count and the hacking baselines. Returns the warm-up action the
-        restored position needs (usually none)."""
+        lr scale, grad clip, rollback count and the hacking baselines. Returns the follow-ups: the
+        re-anchoring of the reference (``reanchor_on_rollback``) and the warm-up action the restored
+        position needs (usually none)."""
         st = self._st
         st.kl_history.clear()
         st.last_kl = st.penalty_share = st.best_val = st.prev_val = st.prev_proxy = None
@@ -212,8 +218,16 @@ class KLGuard:
         st.alarms = dict.fromkeys(ALARMS, False)
         st.hack = dict.fromkeys(HACK_SIGNALS, False)
         st.last_fired = {rule: min(last, to_step) for rule, last in st.last_fired.items()}
-        st.last_step = to_step
-        return self._warmup_transition(to_step) if self.cfg.enable else []
+        now, st.last_step = st.last_step, to_step
+        if not self.cfg.enable:
+            return []
+        out = []
+        if self.cfg.reanchor_on_rollback and to_step != st.reference_step:
+            out.append(Action("reanchor_reference", f"After the rollback: the reference becomes the policy of step "
+                              f"{to_step} (was step {st.reference_step}).", None, None, None, st.reference_step,
+                              to_step, to_step if now is None else now, "rollback"))
+            st.reference_step = to_step
+        return out + self._warmup_transition(to_step)
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy of the guard's state."""

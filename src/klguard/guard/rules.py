@@ -9,6 +9,10 @@ from klguard.guard.signals import GRAD_NORM, KL_SEQ_SUM, PPO_KL, Observation, me
 from klguard.guard.state import GuardState
 
 VAL_METRIC = "val-core/*/acc/*"
+KL_COEF_CHANGE = "kl_coef_change"
+"""Pseudo-rule stamped whenever the guard raises kl_coef: the rules that raise it again from the
+KL's level (penalty share, slow control) wait a cooldown after any raise, so the run shows the
+effect of one change before the next (a raise lifts the penalty share at once, beta x KL)."""
 
 
 def raise_kl_coef(cfg: GuardConfig, st: GuardState, step: int, rule: str, factor: float, why: str,
@@ -24,6 +28,7 @@ def raise_kl_coef(cfg: GuardConfig, st: GuardState, step: int, rule: str, factor
     if not new > old:
         return None
     st.kl_coef = new
+    st.fired(KL_COEF_CHANGE, step)
     return Action("raise_kl_coef", f"{why}: raise kl_coef from {old:.4g} to {new:.4g}.", metric, value,
                   threshold, old, new, step, rule)
 
@@ -37,6 +42,19 @@ def lower_target_kl(cfg: GuardConfig, st: GuardState, step: int, rule: str, why:
         return None
     st.target_kl = new
     return Action("lower_target_kl", f"{why}: lower target_kl from {old:.4g} to {new:.4g}.", metric, value,
+                  threshold, old, new, step, rule)
+
+
+def cut_lr(cfg: GuardConfig, st: GuardState, step: int, rule: str, factor: float, why: str, metric: str | None,
+           value: float | None, threshold: float | None, lr: float | None = None) -> Action | None:
+    """Multiply the guard's lr scale by ``factor`` down to ``lr_floor_scale``; None if already there."""
+    old = st.lr_scale
+    new = max(old * factor, cfg.lr_floor_scale)
+    if not new < old:
+        return None
+    st.lr_scale = new
+    lr_text = "" if lr is None else f" (lr {lr:.3g} -> {lr * new / old:.3g})"
+    return Action("cut_lr", f"{why}: cut the lr scale from {old:.4g} to {new:.4g}{lr_text}.", metric, value,
                   threshold, old, new, step, rule)
 
 
@@ -63,14 +81,12 @@ def act_ppo_kl(cfg: GuardConfig, st: GuardState, step: int, obs: Observation) ->
     if st.ppo_kl_streak == 1:
         now.append(Action("warn", f"actor/ppo_kl {value:.4g} is above {limit:.4g}: the policy moves too far per "
                           "update.", PPO_KL, value, limit, None, None, step, "ppo_kl"))
-        old = st.lr_scale
-        new = max(old * cfg.lr_cut_factor, cfg.lr_floor_scale)
-        if new < old and st.ready("ppo_kl", step, cfg.cooldown):
-            lr = "" if obs.lr is None else f" (lr {obs.lr:.3g} -> {obs.lr * new / old:.3g})"
-            now.append(Action("cut_lr", f"actor/ppo_kl {value:.4g} is above {limit:.4g}: cut the lr scale from "
-                              f"{old:.4g} to {new:.4g}{lr}.", PPO_KL, value, limit, old, new, step, "ppo_kl"))
-            st.lr_scale = new
-            st.fired("ppo_kl", step)
+        if st.ready("ppo_kl", step, cfg.cooldown):
+            why = f"actor/ppo_kl {value:.4g} is above {limit:.4g}"
+            action = cut_lr(cfg, st, step, "ppo_kl", cfg.lr_cut_factor, why, PPO_KL, value, limit, obs.lr)
+            if action is not None:
+                now.append(action)
+                st.fired("ppo_kl", step)
     last: list[Action] = []
     if st.ppo_kl_streak % cfg.patience == 0:
         last.append(Action("pause", f"actor/ppo_kl has stayed above {limit:.4g} for {st.ppo_kl_streak} steps: pause "
@@ -95,7 +111,8 @@ def act_penalty_share(cfg: GuardConfig, st: GuardState, step: int) -> list[Actio
     rule leans on its cooldown and on ``kl_coef_max``; the share falls only as the KL falls.
     """
     share = st.penalty_share
-    if share is None or not st.alarms["penalty_share"] or not st.ready("penalty_share", step, cfg.cooldown):
+    if share is None or not st.alarms["penalty_share"] or not st.ready("penalty_share", step, cfg.cooldown) \
+            or not st.ready(KL_COEF_CHANGE, step, cfg.cooldown):
         return []
     why = f"The KL penalty is {share:.1%} of the score (max {cfg.penalty_share_max:.1%}), the policy is drifting"
     action = raise_kl_coef(cfg, st, step, "penalty_share", cfg.kl_coef_raise_factor, why, KL_SEQ_SUM, share,
@@ -152,8 +169,8 @@ def measure_kl(cfg: GuardConfig, st: GuardState, obs: Observation) -> float | No
     return threshold
 
 
-def act_kl(cfg: GuardConfig, st: GuardState, step: int, obs: Observation, spike_threshold: float | None
-           ) -> list[Action]:
+def act_kl(cfg: GuardConfig, st: GuardState, step: int, obs: Observation, spike_threshold: float | None,
+           kl_controlled: bool = True) -> list[Action]:
     out: list[Action] = []
     if obs.kl is None:
         return out
@@ -164,7 +181,8 @@ def act_kl(cfg: GuardConfig, st: GuardState, step: int, obs: Observation, spike_
         if action is not None:
             out.append(action)
             st.fired("kl_spike", step)
-    if st.alarms["kl_slow"] and st.ready("kl_slow", step, cfg.cooldown):
+    if (kl_controlled and st.alarms["kl_slow"] and st.ready("kl_slow", step, cfg.cooldown)
+            and st.ready(KL_COEF_CHANGE, step, cfg.cooldown)):
         why = f"{name} has stayed above target_kl for {st.slow_streak} steps, the controller is too slow"
         action = raise_kl_coef(cfg, st, step, "kl_slow", cfg.slow_kl_coef_factor, why, name, kl, st.target_kl)
         if action is not None:

@@ -25,6 +25,7 @@ class GuardState:
     grad_clip: float | None = None
     # Rollbacks and warm-up
     rollbacks: int = 0
+    reference_step: int = 0  # the step whose weights the reference holds (0: the initial policy)
     frozen: bool = False
     resume_kl_coef: float | None = None
     # Windows and streaks

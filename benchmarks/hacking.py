@@ -1,0 +1,127 @@
+"""The reward-hacking benchmark: KL settings trained on the built-in demo over several seeds.
+
+    python benchmarks/hacking.py                 # 3 seeds, every contender (~30 min on 2 cores)
+    python benchmarks/hacking.py --seeds 1 2 --only guarded verl_default seed_recipe
+
+Each contender is a config override set (klguard/recipes.py); every run is an ordinary
+`klguard train` in benchmarks/results/hacking/<contender>_s<seed>/ (`klguard report` reads it).
+Writes benchmarks/results/hacking.json and prints a table of means over seeds (and each seed).
+
+Figures per run: final and best validation gold (greedy, held-out), the rollout hacking rate and the
+validation hacking rate at the end, KL per token and per sequence, response length (rollout figures
+are means of the last 10 steps: one step is only 64 samples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from klguard.demo import fresh_run_dir, prepare_builtin_policy
+from klguard.recipes import GUARDED_DEFAULT, SEED_RECIPE, VERL_DEFAULT, fixed_coef
+from klguard.report import load_run
+from klguard.report.summary import summary_value
+from klguard.sweep import Job, default_parallel, run_jobs
+
+
+def _controller(kind: str, target: float) -> tuple[str, ...]:
+    if kind == "adaptive":  # the seed's adaptive recipe at this target
+        return (*SEED_RECIPE[:1], f"algorithm.kl_ctrl.target_kl={target}", *SEED_RECIPE[2:])
+    return ("algorithm.kl_ctrl.type=pid", f"algorithm.kl_ctrl.target_kl={target}", "algorithm.kl_ctrl.kl_coef=0.05",
+            "algorithm.kl_penalty=low_var_kl", "guard.enable=false")
+
+
+CONTENDERS: dict[str, tuple[str, ...]] = {
+    "verl_default": VERL_DEFAULT,
+    "seed_recipe": SEED_RECIPE,
+    "fixed_0.01": fixed_coef(0.01),
+    "fixed_0.1": fixed_coef(0.1),
+    "fixed_0.3": fixed_coef(0.3),
+    "fixed_0.5": fixed_coef(0.5),
+    "guarded": GUARDED_DEFAULT,
+    # the seed's claim: target_kl 0.015 hacks ~40% less than 0.03, with a better true score
+    # (adaptive at 0.015 is seed_recipe itself)
+    "adaptive_0.03": _controller("adaptive", 0.03),
+    "pid_0.015": _controller("pid", 0.015),
+    "pid_0.03": _controller("pid", 0.03),
+}
+
+FIGURES = (
+    ("final_gold", "val-core/", "last"), ("best_gold", "val-core/", "best"),
+    ("hacking_rate", "hacking/rate", "tail"), ("val_hacking_rate", "val-aux/*", "last"),
+    ("kl_per_token", "actor/reward_kl_penalty", "tail"), ("kl_per_seq", "actor/kl_seq_sum", "tail"),
+    ("length", "response_length/mean", "tail"), ("final_kl_coef", "actor/reward_kl_penalty_coeff", "last"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), help="run only these contenders")
+    parser.add_argument("--parallel", type=int, default=default_parallel())
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("overrides", nargs="*", help="config overrides applied to every run (e.g. trainer.total_"
+                        "training_steps=100)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    names = args.only or list(CONTENDERS)
+
+    from klguard.config import load_config
+
+    base = load_config(None, args.overrides).config
+    prepare_builtin_policy(base, lambda m: print(m, file=sys.stderr))
+    jobs = []
+    for seed in args.seeds:
+        for name in names:
+            run_dir = out / "hacking" / f"{name}_s{seed}"
+            fresh_run_dir(run_dir)
+            jobs.append(Job(f"{name}_s{seed}", run_dir, (*args.overrides, *CONTENDERS[name], f"trainer.seed={seed}",
+                                                          "trainer.resume_mode=disable"),
+                            base.trainer.total_training_steps or 0))
+    run_jobs(jobs, parallel=args.parallel, desc="hacking benchmark")
+
+    per_run = {}
+    for job in jobs:
+        run = load_run(job.run_dir, job.label)
+        per_run[job.label] = {key: summary_value(run, metric, how) for key, metric, how in FIGURES}
+        per_run[job.label]["guard_actions"] = sum(e.get("kind") != "warn" for e in run.events)
+        per_run[job.label]["steps"] = int(run.rows[-1]["step"]) if run.rows else 0
+    means = {name: {key: _mean([per_run[f"{name}_s{s}"][key] for s in args.seeds])
+                    for key in (*[f[0] for f in FIGURES], "guard_actions", "steps")} for name in names}
+    result = {"seeds": args.seeds, "overrides": args.overrides, "contenders": {n: list(CONTENDERS[n]) for n in names},
+              "runs": per_run, "means": means}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "hacking.json").write_text(json.dumps(result, indent=1))
+    _print_table(means, per_run, names, args.seeds)
+    print(f"\nwritten: {out / 'hacking.json'}")
+    return 0
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _print_table(means, per_run, names, seeds) -> None:
+    cols = [f[0] for f in FIGURES] + ["guard_actions", "steps"]
+    print(f"\nmeans over seeds {seeds}")
+    print(f"{'contender':<16}" + "".join(f"{c:>17}" for c in cols))
+    for name in names:
+        print(f"{name:<16}" + "".join(f"{_fmt(means[name][c]):>17}" for c in cols))
+    print("\nper seed: final_gold / best_gold / hacking_rate / val_hacking_rate")
+    for name in names:
+        cells = "  ".join(
+            f"s{s}: {_fmt(r['final_gold'])}/{_fmt(r['best_gold'])}/{_fmt(r['hacking_rate'])}/"
+            f"{_fmt(r['val_hacking_rate'])}" for s in seeds for r in [per_run[f"{name}_s{s}"]])
+        print(f"{name:<16}{cells}")
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""`klguard demo`: klguard's guarded default and verl's default KL settings trained side by side on
+the built-in reward-hacking task (same seed, one shared SFT policy), then one report comparing them."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from klguard.config import load_config
+from klguard.recipes import GUARDED_DEFAULT, VERL_DEFAULT
+from klguard.report import load_run, write_run_report
+from klguard.report.summary import text_table
+from klguard.sweep import Job, default_parallel, run_jobs
+
+DEMO_RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("klguard default", "klguard_default", GUARDED_DEFAULT),
+    ("verl default KL", "verl_default", VERL_DEFAULT),
+)
+
+
+def prepare_builtin_policy(config, log) -> None:
+    """Train (or find cached) the built-in SFT policy once, before child runs would race to build it."""
+    if config.actor_rollout_ref.model.path.startswith("builtin://"):
+        from klguard.sft import ensure_sft_policy
+
+        ensure_sft_policy(config.sft, form=config.data.builtin_form, log=log)
+
+
+def fresh_run_dir(path: Path) -> None:
+    """Clear a previous demo/calibration run there (only a klguard run directory is ever removed)."""
+    if path.exists():
+        if not (path / "config.yaml").is_file():
+            from klguard.errors import UserError
+
+            raise UserError(f"{path} exists and is not a klguard run directory; choose another --out")
+        shutil.rmtree(path)
+    log_file = path.with_name(path.name + ".log")
+    log_file.unlink(missing_ok=True)
+
+
+def run_demo(config_file: str | None, overrides: Sequence[str], out: str | Path, parallel: int | None = None,
+             show_progress: bool = True) -> Path:
+    """Run both trainings, write `OUT/report.html`, print the comparison; returns the report path."""
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
+    base = load_config(config_file, overrides).config  # a bad key fails here, before anything runs
+    out = Path(out)
+    prepare_builtin_policy(base, log)
+    steps = base.trainer.total_training_steps or 0
+    jobs = []
+    for label, folder, recipe in DEMO_RUNS:
+        run_dir = out / folder
+        fresh_run_dir(run_dir)
+        jobs.append(Job(label, run_dir, (*overrides, *recipe, "trainer.resume_mode=disable"), steps))
+    run_jobs(jobs, parallel=parallel or default_parallel(), config_file=config_file, desc="klguard demo",
+             show_progress=show_progress)
+    runs = [load_run(j.run_dir, j.label) for j in jobs]
+    report = write_run_report(runs, out / "report.html",
+                              title="klguard demo: the guarded default vs verl's default KL on a reward-hacking task")
+    print(text_table(runs))
+    print(f"\nreport: {report.resolve()}")
+    print(f"runs:   {', '.join(str(j.run_dir) for j in jobs)}")
+    return report

@@ -1,0 +1,22 @@
+"""Named KL settings that the demo and the reward-hacking benchmark compare, as config overrides."""
+
+from __future__ import annotations
+
+VERL_DEFAULT: tuple[str, ...] = (
+    # verl's defaults: fixed beta 0.001, k1 ("kl") estimator in the reward, no KL loss, no guard
+    "algorithm.kl_ctrl.type=fixed", "algorithm.kl_ctrl.kl_coef=0.001", "algorithm.kl_penalty=kl",
+    "algorithm.use_kl_in_reward=true", "actor_rollout_ref.actor.use_kl_loss=false", "guard.enable=false",
+)
+SEED_RECIPE: tuple[str, ...] = (
+    # the seed document's recipe without the guard: adaptive, target 0.015, beta0 0.0005, horizon 10000, k3
+    "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0.015", "algorithm.kl_ctrl.kl_coef=0.0005",
+    "algorithm.kl_ctrl.horizon=10000", "algorithm.kl_penalty=low_var_kl", "algorithm.use_kl_in_reward=true",
+    "actor_rollout_ref.actor.use_kl_loss=false", "guard.enable=false",
+)
+GUARDED_DEFAULT: tuple[str, ...] = ()  # `klguard train` as shipped
+
+
+def fixed_coef(kl_coef: float) -> tuple[str, ...]:
+    """A fixed coefficient with k1 in the reward and no guard: what a user finds by sweeping beta."""
+    return ("algorithm.kl_ctrl.type=fixed", f"algorithm.kl_ctrl.kl_coef={kl_coef}", "algorithm.kl_penalty=kl",
+            "algorithm.use_kl_in_reward=true", "actor_rollout_ref.actor.use_kl_loss=false", "guard.enable=false")

@@ -1,0 +1,31 @@
+"""`klguard report`: one self-contained HTML page for a run, a comparison of runs, or a calibration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from klguard.report.figures import training_figure
+from klguard.report.html import events_table, image, page, summary_table
+from klguard.report.runs import RunRecord, load_run
+
+__all__ = ["RunRecord", "load_run", "write_run_report"]
+
+LEGEND = ("Vertical lines mark guard actions: red rollback, orange kl_coef raised, purple lr cut, olive target_kl "
+          "lowered, brown gradient clipping, black pause. Rollout curves are smoothed over 5 steps; validation points "
+          "are greedy decoding on the held-out split.")
+
+
+def write_run_report(runs: Sequence[RunRecord], out: str | Path, title: str = "klguard run",
+                     extra_sections: Sequence[tuple[str, str]] = ()) -> Path:
+    """Write ``out`` (an .html file) for one run or several runs compared side by side."""
+    out = Path(out)
+    sections = [("Summary", summary_table(runs)),
+                ("Training curves", image(training_figure(runs), "training curves") + f"<p class=note>{LEGEND}</p>"),
+                *extra_sections,
+                ("Guard actions", events_table(runs))]
+    intro = "Runs: " + ", ".join(f"{r.label} ({r.path})" for r in runs)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(page(title, sections, intro), encoding="utf-8")
+    tmp.replace(out)
+    return out

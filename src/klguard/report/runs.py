@@ -1,0 +1,82 @@
+"""Read a run directory back: metrics.jsonl, events.jsonl and the config a report needs."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from klguard.errors import UserError
+
+VAL_GOLD_PREFIX = "val-core/"
+VAL_HACKING_SUFFIX = "/hacking_rate/mean@1"
+
+
+@dataclass
+class RunRecord:
+    """One training run as the report sees it: metrics per step and the guard's actions."""
+
+    label: str
+    path: Path
+    rows: list[dict[str, float]]
+    events: list[dict] = field(default_factory=list)
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """Steps and finite values of metric ``key`` (a ``val-core/`` prefix picks the first gold metric)."""
+        steps, values = [], []
+        for row in self.rows:
+            value = _lookup(row, key)
+            if value is not None and math.isfinite(value):
+                steps.append(int(row["step"]))
+                values.append(float(value))
+        return steps, values
+
+    def last(self, key: str) -> float | None:
+        _, values = self.series(key)
+        return values[-1] if values else None
+
+    def best(self, key: str) -> float | None:
+        _, values = self.series(key)
+        return max(values) if values else None
+
+    def mean_last(self, key: str, n: int) -> float | None:
+        """Mean of the last ``n`` values (rollout metrics are noisy: 64 samples a step)."""
+        _, values = self.series(key)
+        return sum(values[-n:]) / len(values[-n:]) if values else None
+
+
+def _lookup(row: dict[str, float], key: str) -> float | None:
+    if key.endswith("/") or key.startswith("val-aux/*"):
+        prefix, suffix = (key, "/acc/") if key.endswith("/") else ("val-aux/", VAL_HACKING_SUFFIX)
+        found = [v for k, v in sorted(row.items()) if k.startswith(prefix) and suffix in k]
+        return found[0] if found else None
+    return row.get(key)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}: line {number} is not JSON ({exc.msg})") from None
+    return out
+
+
+def load_run(path: str | Path, label: str | None = None) -> RunRecord:
+    """Read a klguard run directory; one clear error when it is not one."""
+    folder = Path(path).expanduser()
+    metrics = folder / "metrics.jsonl"
+    if not metrics.is_file():
+        raise UserError(f"{folder} is not a klguard run directory (no metrics.jsonl)")
+    rows = [r for r in _read_jsonl(metrics) if isinstance(r.get("step"), int)]
+    by_step: dict[int, dict] = {}
+    for row in rows:  # a resumed run may repeat steps: the latest write of a step wins
+        by_step[row["step"]] = row
+    events_file = folder / "events.jsonl"
+    events = _read_jsonl(events_file) if events_file.is_file() else []
+    return RunRecord(label or folder.name, folder, [by_step[s] for s in sorted(by_step)], events)

@@ -1,0 +1,46 @@
+"""The numbers that sum a run up, shared by the HTML report and the terminal tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from klguard.report.runs import RunRecord
+
+# (label, metric, how): "last" = final value, "best" = maximum, "tail" = mean of the last 10 steps
+SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("final validation gold", "val-core/", "last"),
+    ("best validation gold", "val-core/", "best"),
+    ("final validation hacking rate", "val-aux/*", "last"),
+    ("proxy score (last 10 steps)", "hacking/proxy_score", "tail"),
+    ("gold score (last 10 steps)", "hacking/gold_score", "tail"),
+    ("hacking rate (last 10 steps)", "hacking/rate", "tail"),
+    ("response length (last 10 steps)", "response_length/mean", "tail"),
+    ("KL per token (last 10 steps)", "actor/reward_kl_penalty", "tail"),
+    ("KL per sequence (last 10 steps)", "actor/kl_seq_sum", "tail"),
+    ("final KL coefficient", "actor/reward_kl_penalty_coeff", "last"),
+)
+
+
+def summary_value(run: RunRecord, metric: str, how: str) -> float | None:
+    if how == "best":
+        return run.best(metric)
+    if how == "tail":
+        return run.mean_last(metric, 10)
+    return run.last(metric)
+
+
+
+def text_table(runs: Sequence[RunRecord]) -> str:
+    """The summary as a fixed-width terminal table, one column per run."""
+    width = max(12, *(len(r.label) + 2 for r in runs))
+    lines = [f"{'metric':<34}" + "".join(f"{r.label:>{width}}" for r in runs)]
+    for label, metric, how in SUMMARY_ROWS:
+        cells = "".join(f"{_fmt(summary_value(r, metric, how)):>{width}}" for r in runs)
+        lines.append(f"{label:<34}{cells}")
+    actions = "".join(f"{sum(e.get('kind') != 'warn' for e in r.events):>{width}}" for r in runs)
+    lines.append(f"{'guard actions':<34}{actions}")
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
