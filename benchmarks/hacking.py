@@ -89,15 +89,30 @@ def main(argv: list[str] | None = None) -> int:
         per_run[job.label] = {key: summary_value(run, metric, how) for key, metric, how in FIGURES}
         per_run[job.label]["guard_actions"] = sum(e.get("kind") != "warn" for e in run.events)
         per_run[job.label]["steps"] = int(run.rows[-1]["step"]) if run.rows else 0
-    means = {name: {key: _mean([per_run[f"{name}_s{s}"][key] for s in args.seeds])
-                    for key in (*[f[0] for f in FIGURES], "guard_actions", "steps")} for name in names}
-    result = {"seeds": args.seeds, "overrides": args.overrides, "contenders": {n: list(CONTENDERS[n]) for n in names},
-              "runs": per_run, "means": means}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "hacking.json").write_text(json.dumps(result, indent=1))
-    _print_table(means, per_run, names, args.seeds)
-    print(f"\nwritten: {out / 'hacking.json'}")
+    result_file = out / "hacking.json"
+    result = _merge(result_file, per_run, args.overrides)
+    result_file.write_text(json.dumps(result, indent=1))
+    _print_table(result, names, args.seeds)
+    print(f"\nwritten: {result_file} (runs of earlier invocations with the same overrides are kept)")
     return 0
+
+
+def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
+    """Add this invocation's runs to the file's (same overrides only), recompute means per contender."""
+    runs: dict = {}
+    if result_file.is_file():
+        old = json.loads(result_file.read_text())
+        if old.get("overrides") == overrides:
+            runs = old.get("runs", {})
+    runs.update(per_run)
+    by_name: dict[str, list[dict]] = {}
+    for label, figures in runs.items():
+        by_name.setdefault(label.rsplit("_s", 1)[0], []).append(figures)
+    keys = (*[f[0] for f in FIGURES], "guard_actions", "steps")
+    means = {name: {key: _mean([r[key] for r in rs]) for key in keys} | {"seeds": len(rs)}
+             for name, rs in by_name.items()}
+    return {"overrides": overrides, "contenders": {n: list(CONTENDERS[n]) for n in by_name if n in CONTENDERS},
+            "runs": dict(sorted(runs.items())), "means": means}
 
 
 def _mean(values):
@@ -105,17 +120,18 @@ def _mean(values):
     return statistics.fmean(values) if values else None
 
 
-def _print_table(means, per_run, names, seeds) -> None:
-    cols = [f[0] for f in FIGURES] + ["guard_actions", "steps"]
-    print(f"\nmeans over seeds {seeds}")
+def _print_table(result: dict, names: list[str], seeds: list[int]) -> None:
+    means, runs = result["means"], result["runs"]
+    cols = [f[0] for f in FIGURES] + ["guard_actions", "steps", "seeds"]
+    print("\nmeans over the seeds on record")
     print(f"{'contender':<16}" + "".join(f"{c:>17}" for c in cols))
-    for name in names:
+    for name in means:
         print(f"{name:<16}" + "".join(f"{_fmt(means[name][c]):>17}" for c in cols))
-    print("\nper seed: final_gold / best_gold / hacking_rate / val_hacking_rate")
+    print("\nthis invocation, per seed: final_gold / best_gold / hacking_rate / val_hacking_rate")
     for name in names:
         cells = "  ".join(
             f"s{s}: {_fmt(r['final_gold'])}/{_fmt(r['best_gold'])}/{_fmt(r['hacking_rate'])}/"
-            f"{_fmt(r['val_hacking_rate'])}" for s in seeds for r in [per_run[f"{name}_s{s}"]])
+            f"{_fmt(r['val_hacking_rate'])}" for s in seeds for r in [runs[f"{name}_s{s}"]])
         print(f"{name:<16}{cells}")
 
 

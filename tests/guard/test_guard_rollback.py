@@ -153,3 +153,13 @@ def test_a_rollback_reanchors_the_reference_once_per_restored_step() -> None:
     assert d.guard.state_dict()["reference_step"] == 3
     assert d.guard.on_rollback(3) == []  # the reference already holds step 3
     assert [a.new for a in d.guard.on_rollback(0)] == [0]  # back to the initial policy
+
+
+def test_a_checkpoint_taken_while_the_length_drifts_is_no_rollback_target() -> None:
+    # baseline 10 tokens over steps 1-10 (seed threshold for an alarm: 15); stable up to 13
+    d = make(stable_length_growth=0.3, stable_length_window=2)
+    d.run(steps({12: {"response_length/mean": 16.0}, 13: {"response_length/mean": 10.2},
+                 14: {"response_length/mean": 10.4}}, 14))
+    # 12: alarm (16 > 15); 13: no alarm but the recent mean (16 + 10.2) / 2 = 13.1 > 13; 14: calm again
+    assert [d.metrics[s]["guard/stable"] for s in (11, 12, 13, 14)] == [1.0, 0.0, 0.0, 1.0]
+    assert d.metrics[13]["guard/hacking_alarm"] == 0.0

@@ -87,6 +87,11 @@ class GuardConfig:
     length_growth_max: float = field(
         default=0.75, metadata={"help": "response_length/mean above (1 + this) x baseline: hacking signal"}
     )
+    stable_length_growth: float = field(
+        default=0.2, metadata={"help": "Recent mean length above (1 + this) x baseline: a checkpoint taken then is "
+                                       "no rollback target"}
+    )
+    stable_length_window: int = field(default=5, metadata={"help": "Steps in that recent mean length"})
     length_corr_max: float = field(
         default=1.0, metadata={"help": "hacking/length_reward_corr above this while length grows: hacking signal "
                                        "(1 = off)"}
@@ -116,14 +121,16 @@ class GuardConfig:
         for name in ("lr_cut_factor", "lr_floor_scale", "rollback_lr_factor", "entropy_collapse_ratio"):
             if not 0 < getattr(self, name) <= 1:
                 _bad(name, getattr(self, name), "must be in (0, 1]")
-        for name in ("val_drop_max", "val_fall_tol", "length_growth_max", "length_corr_min_growth"):
+        for name in ("val_drop_max", "val_fall_tol", "length_growth_max", "stable_length_growth",
+                     "length_corr_min_growth"):
             if getattr(self, name) < 0:
                 _bad(name, getattr(self, name), "must be >= 0")
         for name in ("kl_coef_raise_factor", "rollback_kl_coef_factor", "slow_kl_coef_factor",
                      "hacking_kl_coef_factor", "spike_factor"):
             if getattr(self, name) < 1:
                 _bad(name, getattr(self, name), "must be >= 1")
-        for name in ("patience", "spike_window", "spike_min_history", "slow_window", "baseline_window"):
+        for name in ("patience", "spike_window", "spike_min_history", "slow_window", "baseline_window",
+                     "stable_length_window"):
             if getattr(self, name) < 1:
                 _bad(name, getattr(self, name), "must be >= 1")
         if self.cooldown < 0 or self.max_rollbacks < 0:

@@ -84,12 +84,16 @@ class KLGuard:
 
     def is_stable(self) -> bool:
         """True when a checkpoint taken now is a safe rollback target: the KL is under the hard limit,
-        no alarm (rule or hacking) is active and the validation score is not falling."""
+        no alarm (rule or hacking) is active, the validation score is not falling and the response
+        length is within ``stable_length_growth`` of its baseline (a rollback re-anchors the
+        reference there, so a target already drifting toward the hack would lock the drift in)."""
         st = self._st
         if not self.cfg.enable:
             return True
         kl_ok = st.last_kl is None or st.last_kl <= self.cfg.kl_hard_limit
-        return kl_ok and not any(st.alarms.values()) and not any(st.hack.values()) and not st.val_falling
+        length_ok = st.length_ratio is None or st.length_ratio <= 1 + self.cfg.stable_length_growth
+        return (kl_ok and length_ok and not any(st.alarms.values()) and not any(st.hack.values())
+                and not st.val_falling)
 
     def guard_metrics(self) -> dict[str, float]:
         """``guard/*`` metrics for the latest step (flags as 0/1); empty when the guard is disabled."""

@@ -51,6 +51,9 @@ def measure_hacking(cfg: GuardConfig, st: GuardState, obs: Observation) -> list[
     evidence: list[Evidence] = []
     length = obs.length
     grow = length0 is not None and length0 > 0 and length is not None
+    if length is not None:
+        st.length_recent = [*st.length_recent, length][-cfg.stable_length_window:]
+    st.length_ratio = sum(st.length_recent) / len(st.length_recent) / length0 if grow else None
     growth_limit = (1 + cfg.length_growth_max) * length0 if grow else None
     st.hack["length_growth"] = growth_limit is not None and length > growth_limit
     if st.hack["length_growth"]:

@@ -44,6 +44,8 @@ class GuardState:
     prev_proxy: float | None = None
     # Hacking-detector baselines: the first baseline_window values seen
     length_base: list[float] = field(default_factory=list)
+    length_recent: list[float] = field(default_factory=list)  # the last stable_length_window lengths
+    length_ratio: float | None = None  # their mean over the baseline
     entropy_base: list[float] = field(default_factory=list)
     # Flags of the latest step, and the step each rule last fired
     alarms: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(ALARMS, False))
@@ -68,6 +70,7 @@ class GuardState:
         # Copy the containers so the caller's dict is never aliased
         out.kl_history, out.length_base, out.entropy_base = list(out.kl_history), list(out.length_base), list(
             out.entropy_base)
+        out.length_recent = list(out.length_recent)
         out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
         out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}
         out.last_fired = {str(k): int(v) for k, v in out.last_fired.items()}
