@@ -42,6 +42,7 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     "fixed_0.3": fixed_coef(0.3),
     "fixed_0.5": fixed_coef(0.5),
     "guarded": GUARDED_DEFAULT,
+    "guarded_warmup0": (*GUARDED_DEFAULT, "guard.warmup_kl_coef=0"),  # the seed's warm-up: beta 0 for 20% of steps
     # the seed's claim: target_kl 0.015 hacks ~40% less than 0.03, with a better true score
     # (adaptive at 0.015 is seed_recipe itself)
     "adaptive_0.03": _controller("adaptive", 0.03),
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     result = _merge(result_file, per_run, args.overrides)
     result_file.write_text(json.dumps(result, indent=1))
     _print_table(result, names, args.seeds)
+    _print_claims(result)
     print(f"\nwritten: {result_file} (runs of earlier invocations with the same overrides are kept)")
     return 0
 
@@ -112,7 +114,30 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
     means = {name: {key: _mean([r[key] for r in rs]) for key in keys} | {"seeds": len(rs)}
              for name, rs in by_name.items()}
     return {"overrides": overrides, "contenders": {n: list(CONTENDERS[n]) for n in by_name if n in CONTENDERS},
-            "runs": dict(sorted(runs.items())), "means": means}
+            "runs": dict(sorted(runs.items())), "means": means, "claims": _claims(means)}
+
+
+SEED_CLAIM_PAIRS = {"adaptive": ("seed_recipe", "adaptive_0.03"), "pid": ("pid_0.015", "pid_0.03")}
+
+
+def _claims(means: dict) -> dict:
+    """The seed's claim, per controller: hacking at target 0.015 relative to 0.03 (it says about -40%)."""
+    out = {}
+    for controller, (low, high) in SEED_CLAIM_PAIRS.items():
+        if low in means and high in means:
+            h_low, h_high = means[low]["hacking_rate"], means[high]["hacking_rate"]
+            change = (h_low - h_high) / h_high if h_low is not None and h_high else None
+            out[controller] = {"hacking_0.015": h_low, "hacking_0.03": h_high, "relative_change": change,
+                               "final_gold_0.015": means[low]["final_gold"],
+                               "final_gold_0.03": means[high]["final_gold"]}
+    return out
+
+
+def _print_claims(result: dict) -> None:
+    for controller, c in result["claims"].items():
+        print(f"seed's claim, {controller}: hacking {_fmt(c['hacking_0.015'])} at target 0.015 vs "
+              f"{_fmt(c['hacking_0.03'])} at 0.03 (relative change {_fmt(c['relative_change'])}; the seed: about "
+              f"-0.4); final gold {_fmt(c['final_gold_0.015'])} vs {_fmt(c['final_gold_0.03'])}")
 
 
 def _mean(values):
