@@ -1,4 +1,4 @@
-"""Shared set-up for end-to-end runs: a tiny SFT policy cached once per test session."""
+"""Shared set-up for runs of the built-in task: a tiny SFT policy cached once per test session."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def fast_overrides(sft_cache, tmp_path):
     return [
         f"sft.cache_dir={sft_cache}", "sft.steps=30", "sft.batch_size=64", "sft.eval_every=30",
         f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.progress_bar=false",
-        "trainer.logger=[jsonl,tensorboard]",
+        "trainer.logger=[jsonl,tensorboard]", "trainer.report=false",
         "data.builtin_train_size=64", "data.builtin_val_size=16", "data.train_batch_size=16",
         "data.max_response_length=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # GSM8K PPO for Qwen2.5-0.5B-Instruct on 8 GPUs of one node: the same line under torchrun, with verl's batch
-# sizes for 8 GPUs. NOT RUNNABLE YET: klguard's FSDP2 data parallelism is issue #6 (not done); until it lands,
-# use run_qwen2.5-0.5b_ppo.sh on one GPU.
+# sizes for 8 GPUs; FSDP2 shards actor, critic and reference over the ranks (tested on CPU/gloo, not yet on GPUs).
 set -x
 
 MODEL=${MODEL:-$HOME/models/Qwen2.5-0.5B-Instruct}

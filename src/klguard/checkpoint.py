@@ -12,6 +12,9 @@ separate `STABLE` file, outside the manifest, so marking never rewrites a verifi
 Test hook: `KLGUARD_TEST_KILL_IN_SAVE=N` SIGKILLs the process halfway through writing checkpoint N
 (after the weights, before the state and manifest), to test that a killed write leaves no usable
 `global_step_N`. It is read only by `CheckpointManager.save` and does nothing when unset.
+
+Under torchrun every rank writes its shards into the side folder (klguard.distributed.sharded_checkpoint);
+rank 0 creates the folder first and, after a barrier, writes the state and the manifest and publishes it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 import torch
 
+from klguard.distributed.context import DistContext
 from klguard.errors import UserError
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -110,10 +114,12 @@ def _warn(message: str) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, run_dir: Path, max_to_keep: int | None = None, warn: Callable[[str], None] = _warn) -> None:
+    def __init__(self, run_dir: Path, max_to_keep: int | None = None, warn: Callable[[str], None] = _warn,
+                 dist: DistContext | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.max_to_keep = max_to_keep
-        self.warn = warn
+        self.dist = dist or DistContext()
+        self.warn = warn if self.dist.is_main else (lambda message: None)
         self._warned: set[int] = set()
 
     def steps(self) -> list[int]:
@@ -157,24 +163,29 @@ class CheckpointManager:
         return next((self.path(s) for s in self.candidates() if self.is_valid(s)), None)
 
     def save(self, step: int, write: Callable[[Path], None], state: dict[str, Any]) -> Path:
-        """Write a checkpoint with `write(folder)` plus `state`, then publish it atomically."""
+        """Write a checkpoint with `write(folder)` (on every rank) plus `state`, then publish it atomically."""
         final = self.path(step)
         tmp = self.run_dir / f".global_step_{step}.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        if self.dist.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.dist.barrier()
         write(tmp)
-        if os.environ.get(KILL_IN_SAVE_ENV) == str(step):  # test hook, see the module docstring
-            os.kill(os.getpid(), signal.SIGKILL)
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
-        write_manifest(tmp)
-        _fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(self.run_dir)
-        atomic_write_text(self.run_dir / LATEST_FILE, str(step))
+        self.dist.barrier()  # every rank's shards are written
+        if self.dist.is_main:
+            if os.environ.get(KILL_IN_SAVE_ENV) == str(step):  # test hook, see the module docstring
+                os.kill(os.getpid(), signal.SIGKILL)
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
+            write_manifest(tmp)
+            _fsync_tree(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.run_dir)
+            atomic_write_text(self.run_dir / LATEST_FILE, str(step))
+            self._prune()
         self._warned.discard(step)
-        self._prune()
+        self.dist.barrier()  # published: every rank may read it
         return final
 
     def is_stable(self, step: int) -> bool:
@@ -182,7 +193,7 @@ class CheckpointManager:
 
     def mark_stable(self, step: int) -> None:
         folder = self.path(step)
-        if folder.is_dir():
+        if self.dist.is_main and folder.is_dir():
             atomic_write_text(folder / STABLE_FILE, "confirmed by the step that followed\n")
 
     def _prune(self) -> None:

@@ -2,7 +2,8 @@
 
 The guard decides (klguard.guard, metrics in, actions out); this module acts: it changes the KL
 coefficient and target, scales the actor's learning rate, tightens gradient clipping, rolls the
-weights back to the last stable checkpoint and asks the loop to pause.
+weights back to the last stable checkpoint and asks the loop to pause. Under torchrun every rank applies
+the same actions (they follow from the same gathered metrics); only rank 0 writes and prints them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class GuardRuntime:
                              kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
                              kl_controlled=cfg.algorithm.kl_ctrl.type != "fixed" and cfg.algorithm.use_kl_in_reward)
         self.events_path = Path(trainer.run_dir) / "events.jsonl"
+        self.writes = trainer.dist.is_main  # rank 0 only
         self.pause_reason: str | None = None
         self.last_rollback_step: int | None = None
 
@@ -80,6 +82,8 @@ class GuardRuntime:
             self.pause_reason = f"{action.reason} To go on: {hint}, then rerun (trainer.resume_mode=auto resumes)."
 
     def _record(self, action: Action) -> None:
+        if not self.writes:
+            return
         record = action.to_dict()
         with open(self.events_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
@@ -99,6 +103,8 @@ class GuardRuntime:
 
     def record_nonfinite(self, step: int, where: str) -> None:
         """Log a step skipped for a NaN/Inf in `where` (e.g. `rewards`, `actor/pg_loss`), guard or not."""
+        if not self.writes:
+            return
         record = {"step": step, "kind": "nonfinite_skip", "rule": "nonfinite", "where": where,
                   "reason": f"non-finite values in {where}: step {step} not applied"}
         with open(self.events_path, "a", encoding="utf-8") as fh:

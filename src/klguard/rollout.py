@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["RolloutBatch", "compute_logprobs", "filter_logits", "generate", "position_ids_from_mask"]
+from klguard.distributed import gather_rows, is_distributed
+
+__all__ = ["RolloutBatch", "compute_logprobs", "filter_logits", "generate", "generate_rows", "position_ids_from_mask"]
 
 
 @dataclass
@@ -121,17 +123,23 @@ def filter_logits(logits: Tensor, top_k: int = -1, top_p: float = 1.0) -> Tensor
     return logits
 
 
-def _sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """One draw per row by inverse-CDF (``B`` uniforms; ``torch.multinomial`` draws one per vocab entry)."""
+def _sample(probs: Tensor, generator: torch.Generator | None, rows: tuple[Tensor, int] | None = None) -> Tensor:
+    """One draw per row by inverse-CDF (``B`` uniforms; ``torch.multinomial`` draws one per vocab entry).
+
+    ``rows = (index, total)``: these are rows ``index`` of a batch of ``total`` split over ranks; each takes the
+    uniform it would take in the whole batch, so a row samples the same tokens at any world size."""
     dtype = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
     cdf = probs.to(dtype).cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, dtype=dtype, device=probs.device, generator=generator)
+    if rows is None:
+        u = torch.rand(probs.shape[0], 1, dtype=dtype, device=probs.device, generator=generator)
+    else:
+        u = torch.rand(rows[1], 1, dtype=dtype, device=probs.device, generator=generator)[rows[0]]
     tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     return tok.clamp_(max=probs.shape[-1] - 1)
 
 
 def _pick(logits: Tensor, greedy: bool, temperature: float, top_k: int, top_p: float,
-          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+          generator: torch.Generator | None, rows: tuple[Tensor, int] | None = None) -> tuple[Tensor, Tensor]:
     """Choose next tokens ``[B]`` and return them with their (pre-filter) log-probs ``[B]``."""
     logits = logits.float()
     if greedy:
@@ -143,15 +151,18 @@ def _pick(logits: Tensor, greedy: bool, temperature: float, top_k: int, top_p: f
         logp = torch.log_softmax(logits, -1)
         filtered = top_k > 0 or top_p < 1.0
         probs = filter_logits(logits, top_k, top_p).softmax(-1) if filtered else logp.exp()
-        tok = _sample(probs, generator)
+        tok = _sample(probs, generator, rows)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
 def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
              eos_token_id: int | list[int], pad_token_id: int, temperature: float = 1.0, top_k: int = -1,
              top_p: float = 1.0, do_sample: bool = True, ignore_eos: bool = False,
-             generator: torch.Generator | None = None) -> RolloutBatch:
+             generator: torch.Generator | None = None, sample_rows: tuple[Tensor, int] | None = None
+             ) -> RolloutBatch:
     """Sample up to ``max_new_tokens`` per left-padded prompt using the model's KV cache.
+
+    ``sample_rows`` (see ``_sample``): the prompts are these rows of a larger batch split over ranks.
 
     ``do_sample=False`` or ``temperature <= 0`` is greedy. The decode loop runs under
     ``torch.inference_mode``; the returned tensors are ordinary (cloned outside it) so the trainer
@@ -159,15 +170,35 @@ def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, *,
     """
     with torch.inference_mode():
         out = _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
-                      temperature, top_k, top_p, do_sample, ignore_eos, generator)
+                      temperature, top_k, top_p, do_sample, ignore_eos, generator, sample_rows)
     response, resp_mask, logprobs = (t.clone() for t in out)
     return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, logprobs, resp_mask.sum(-1))
 
 
+def generate_rows(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, index: Tensor, order: Tensor,
+                  **kwargs) -> RolloutBatch:
+    """``generate`` for this rank's rows ``index`` of the batch, then every rank's rows gathered back in batch
+    order (``order``: all ranks' indices, in rank order); each row samples as it would in the whole batch.
+    One process: plain ``generate`` of the whole batch. The model must not need collectives per forward
+    (sharded models are unsharded around this, klguard.distributed.fsdp.unsharded)."""
+    if not is_distributed():
+        return generate(model, prompt_ids, prompt_mask, **kwargs)
+    idx = index.to(prompt_ids.device)
+    if len(idx):
+        out = generate(model, prompt_ids[idx], prompt_mask[idx], sample_rows=(idx, len(prompt_ids)), **kwargs)
+        parts = (out.response_ids, out.response_mask, out.old_logprobs)
+    else:  # more ranks than rows (a small validation batch)
+        width = kwargs["max_new_tokens"]
+        parts = (prompt_ids.new_empty(0, width), prompt_ids.new_empty(0, width),
+                 torch.empty(0, width, device=prompt_ids.device))
+    response, mask, logprobs = (gather_rows(t, order) for t in parts)
+    return RolloutBatch(prompt_ids, prompt_mask, response, mask, logprobs, mask.sum(-1))
+
+
 def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: int,
             eos_token_id: int | list[int], pad_token_id: int, temperature: float, top_k: int, top_p: float,
-            do_sample: bool, ignore_eos: bool, generator: torch.Generator | None
-            ) -> tuple[Tensor, Tensor, Tensor]:
+            do_sample: bool, ignore_eos: bool, generator: torch.Generator | None,
+            sample_rows: tuple[Tensor, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The KV-cache decode loop; returns ``(response_ids, response_mask, old_logprobs)``."""
     bsz, plen = prompt_ids.shape
     dev = prompt_ids.device
@@ -187,7 +218,7 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
     alive = torch.ones(bsz, dtype=torch.bool, device=dev)
     cache = _new_cache(model, plen + R)
     pick = functools.partial(_pick, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
-                             generator=generator)
+                             generator=generator, rows=sample_rows)
     logits = _forward_logits(model, prompt_ids, None if attn is None else prompt_mask,
                              position_ids_from_mask(prompt_mask), 1, cache)
     for t in range(R):

@@ -1,4 +1,8 @@
-"""`klguard train`: a trainer, its trackers, a live progress bar and the closing summary."""
+"""`klguard train`: a trainer, its trackers, a live progress bar and the closing summary.
+
+Under torchrun (`torchrun --nproc_per_node=N -m klguard train ...`) every rank trains; only rank 0 logs,
+shows the progress bar and writes the reports. Whatever ends the run, the rank leaves the process group.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import sys
 from tqdm import tqdm
 
 from klguard.config import Config, config_to_dict
+from klguard.distributed import barrier, shutdown
 from klguard.preemption import Preemption
 from klguard.run_state import truncate_logs
 from klguard.tracking import Tracking
@@ -43,25 +48,45 @@ def _progress_callback(bar: tqdm):
 
 def train(config: Config) -> dict[str, float]:
     """Run PPO as configured; returns the last step's metrics."""
+    try:
+        last = _train(config)
+        barrier()  # ranks leave together: a rank that exits while another still talks to it aborts that one
+        return last
+    finally:
+        shutdown()
+
+
+def _train(config: Config) -> dict[str, float]:
     def log(msg: str) -> None:
         tqdm.write(msg, file=sys.stderr)
 
     trainer = PPOTrainer(config, log=log)
-    if trainer.global_step > 0:  # resumed: a killed run's lines after the checkpoint are redone, not repeated
+    main = trainer.dist.is_main
+    if trainer.global_step > 0 and main:  # resumed: a killed run's lines after the checkpoint are redone
         truncate_logs(trainer.run_dir, trainer.global_step)
-    tracker = Tracking(config.trainer.logger, trainer.run_dir, project=config.trainer.project_name,
+    tracker = Tracking(config.trainer.logger if main else [], trainer.run_dir, project=config.trainer.project_name,
                        experiment=config.trainer.experiment_name, config=config_to_dict(config))
     bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, desc="klguard train", unit="step",
-               disable=not config.trainer.progress_bar, file=sys.stderr, dynamic_ncols=True)
+               disable=not (config.trainer.progress_bar and main), file=sys.stderr, dynamic_ncols=True)
     try:
         with Preemption() as preemption:
             last = trainer.fit(tracker, progress=_progress_callback(bar), preemption=preemption)
     finally:
         bar.close()
         tracker.close()
+    if not main:
+        return last
     _print_summary(tracker.first, tracker.latest, trainer)
     (trainer.run_dir / "summary.json").write_text(json.dumps({"first": tracker.first, "last": tracker.latest},
                                                              indent=1, sort_keys=True))
+    if config.trainer.report and (trainer.run_dir / "metrics.jsonl").is_file():
+        from klguard.report import load_run, write_run_report
+
+        report = write_run_report([load_run(trainer.run_dir)], trainer.run_dir / "report.html",
+                                  f"klguard run {trainer.run_dir.name}")
+        print(f"  report: {report}")
+    elif config.trainer.report:
+        print("  report: none (it reads metrics.jsonl: add jsonl to trainer.logger)")
     if preemption.requested and trainer.global_step < trainer.total_steps:
         latest = trainer.state.manager.latest()
         print(f"klguard: stopped by {preemption.signal_name} after step {trainer.global_step}; latest checkpoint: "

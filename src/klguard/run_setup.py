@@ -1,10 +1,11 @@
-"""Building blocks of a run: device, seeds, datasets, optimizers and schedules."""
+"""Building blocks of a run: device, seeds, datasets, models (sharded under torchrun), optimizers and schedules."""
 
 from __future__ import annotations
 
 import math
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -12,6 +13,10 @@ import torch
 from klguard.config.schema import Config, OptimConfig
 from klguard.data.arith import write_arith_parquet
 from klguard.data.dataset import load_rl_dataset
+from klguard.distributed.context import DistContext
+
+if TYPE_CHECKING:
+    from klguard.trainer import PPOTrainer
 
 
 def resolve_device(name: str) -> torch.device:
@@ -37,10 +42,13 @@ def step_generator(seed: int, step: int, stream: int, device: torch.device) -> t
     return torch.Generator(device=device).manual_seed(mixed)
 
 
-def build_datasets(config: Config, tokenizer, run_dir: Path):
+def build_datasets(config: Config, tokenizer, run_dir: Path, *, write_builtin: bool = True):
+    """Train and validation datasets; `write_builtin=False` reads the built-in task's files another rank wrote."""
     data = config.data
     train_files, val_files = data.train_files, data.val_files
-    if train_files is None:  # the built-in arithmetic task, written as verl-format parquet
+    if train_files is None and not write_builtin:
+        train_files, val_files = str(run_dir / "data" / "train.parquet"), str(run_dir / "data" / "val.parquet")
+    elif train_files is None:  # the built-in arithmetic task, written as verl-format parquet
         train_files, val_files = (str(p) for p in write_arith_parquet(
             run_dir / "data", data.builtin_train_size, data.builtin_val_size, config.trainer.seed,
             form=data.builtin_form))
@@ -68,3 +76,45 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
         return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * max(0.0, cosine)
 
     return optim, torch.optim.lr_scheduler.LambdaLR(optim, factor)
+
+
+def _shard(model: torch.nn.Module, cfg: Config, ctx: DistContext, role: str) -> torch.nn.Module:
+    """FSDP2 for `role` (actor | critic | ref) as configured; the reference follows the actor's strategy."""
+    from klguard.distributed.fsdp import shard_model
+    from klguard.model.loading import compute_dtype
+
+    arr = cfg.actor_rollout_ref
+    strategy = cfg.critic.strategy if role == "critic" else arr.actor.strategy
+    sharding = {"actor": arr.actor.fsdp_config, "critic": cfg.critic.model.fsdp_config,
+                "ref": arr.ref.fsdp_config}[role]
+    dtype = cfg.critic.model.fsdp_config.dtype if role == "critic" else arr.actor.fsdp_config.dtype
+    if role == "ref" and strategy == "none":
+        return model  # frozen: a whole copy on every rank needs no gradient averaging
+    return shard_model(model, ctx, strategy=strategy, fsdp_size=sharding.fsdp_size, offload=sharding.offload_policy,
+                       reshard_after_forward=sharding.reshard_after_forward,
+                       param_dtype=compute_dtype(dtype, ctx.device))
+
+
+def load_models(trainer: PPOTrainer, resume_from: Path | None) -> None:
+    """The actor, the reference and the critic, from the policy or an HF-layout checkpoint, sharded under
+    torchrun. A sharded (DCP) checkpoint's weights are loaded later, into the sharded models (RunState.restore)."""
+    from klguard.distributed.sharded_checkpoint import is_dcp
+    from klguard.model.loading import load_critic, load_policy
+    from klguard.run_state import REFERENCE_DIR
+
+    cfg, ctx, device = trainer.cfg, trainer.dist, trainer.device
+
+    def hf_folder(name: str) -> Path | None:
+        folder = resume_from / name if resume_from is not None else None
+        return folder if folder is not None and folder.is_dir() and not is_dcp(folder) else None
+
+    actor = load_policy(hf_folder("actor") or trainer.policy_path, cfg, trainable=True, device=device)
+    trainer.actor = _shard(actor, cfg, ctx, "actor")
+    trainer.ref = None
+    if trainer.use_ref:
+        ref = load_policy(hf_folder(REFERENCE_DIR) or trainer.policy_path, cfg, trainable=False, device=device)
+        trainer.ref = _shard(ref, cfg, ctx, "ref")
+    trainer.critic = None
+    if trainer.use_critic:
+        critic = load_critic(trainer.policy_path, cfg, device=device, resume_path=hf_folder("critic"))
+        trainer.critic = _shard(critic, cfg, ctx, "critic")

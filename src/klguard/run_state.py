@@ -1,7 +1,10 @@
 """What a checkpoint holds and how a run resumes from it, so resume equals an uninterrupted run.
 
 Saved: policy and critic as HF folders, optimizer and LR-schedule states, the KL controller, the
-prompt sampler's position, every RNG and the step counter.
+prompt sampler's position, every RNG and the step counter. Sharded models (torchrun) are saved with
+torch.distributed.checkpoint instead: `actor/`, `critic/` (and `ref/`) hold each rank's shards plus
+`huggingface/` (config, tokenizer) for `klguard export`, and `actor_optim/`, `critic_optim/` the optimizer
+shards. Either layout resumes at any number of ranks.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 from klguard.checkpoint import (
     STATE_FILE,
@@ -23,20 +27,52 @@ from klguard.checkpoint import (
     save_tensors,
     verify_checkpoint,
 )
+from klguard.distributed import DistContext, any_rank
+from klguard.distributed.fsdp import is_sharded
+from klguard.distributed.sharded_checkpoint import is_dcp, load_optimizer, load_weights, save_model, save_optimizer
 from klguard.errors import UserError
 
 if TYPE_CHECKING:
     from klguard.trainer import PPOTrainer
 
 
-def _first_non_finite(trainer: PPOTrainer) -> str | None:
+def _local_non_finite(trainer: PPOTrainer) -> str | None:
     for prefix, model in (("actor", trainer.actor), ("critic", trainer.critic)):
         if model is None:
             continue
         for name, param in model.named_parameters():
-            if not torch.isfinite(param).all():
+            if not torch.isfinite(param.to_local() if isinstance(param, DTensor) else param).all():
                 return f"{prefix} weight {name}"
     return None
+
+
+def _first_non_finite(trainer: PPOTrainer) -> str | None:
+    """The first non-finite weight (every rank gets an answer when any rank's shard has one)."""
+    bad = _local_non_finite(trainer)
+    return (bad or "a weight shard of another rank") if any_rank(bad is not None) else None
+
+
+def _save_model(model: torch.nn.Module, folder: Path, tokenizer, dist: DistContext) -> None:
+    """An HF folder (rank 0), or, sharded, every rank's shards plus `huggingface/` (config and tokenizer)."""
+    if is_sharded(model):
+        save_model(model, folder)
+        folder = folder / "huggingface"
+        if dist.is_main:
+            model.config.save_pretrained(folder)
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(folder)
+    elif dist.is_main:
+        model.save_pretrained(folder, safe_serialization=True)
+    if tokenizer is not None and dist.is_main:
+        tokenizer.save_pretrained(folder)
+
+
+def _save_optimizer(model: torch.nn.Module, optim: torch.optim.Optimizer, folder: Path, name: str,
+                    dist: DistContext) -> None:
+    if is_sharded(model):
+        save_optimizer(model, optim, folder / f"{name}_optim")
+    elif dist.is_main:
+        save_tensors(optim.state_dict(), folder / f"{name}_optim.pt")
 
 
 def rng_state() -> dict[str, Any]:
@@ -62,8 +98,9 @@ reference is the initial policy, loaded from the model path)."""
 
 
 class RunState:
-    def __init__(self, run_dir: Path, max_to_keep: int | None) -> None:
-        self.manager = CheckpointManager(run_dir, max_to_keep)
+    def __init__(self, run_dir: Path, max_to_keep: int | None, dist: DistContext | None = None) -> None:
+        self.dist = dist or DistContext()
+        self.manager = CheckpointManager(run_dir, max_to_keep, dist=self.dist)
 
     def find_resume_checkpoint(self, mode: str, path: str | None) -> Path | None:
         if mode == "disable":
@@ -85,15 +122,14 @@ class RunState:
             trainer.log(f"klguard: checkpoint at step {trainer.global_step} skipped: {bad} is not finite")
             return None
 
-        def write(folder: Path) -> None:
-            trainer.actor.save_pretrained(folder / "actor", safe_serialization=True)
-            trainer.tokenizer.save_pretrained(folder / "actor")
-            save_tensors(trainer.actor_optim.state_dict(), folder / "actor_optim.pt")
+        def write(folder: Path) -> None:  # on every rank
+            _save_model(trainer.actor, folder / "actor", trainer.tokenizer, self.dist)
+            _save_optimizer(trainer.actor, trainer.actor_optim, folder, "actor", self.dist)
             if trainer.critic is not None:
-                trainer.critic.save_pretrained(folder / "critic", safe_serialization=True)
-                save_tensors(trainer.critic_optim.state_dict(), folder / "critic_optim.pt")
+                _save_model(trainer.critic, folder / "critic", None, self.dist)
+                _save_optimizer(trainer.critic, trainer.critic_optim, folder, "critic", self.dist)
             if trainer.ref is not None and trainer.reference_step != 0:  # re-anchored by a guard rollback
-                trainer.ref.save_pretrained(folder / REFERENCE_DIR, safe_serialization=True)
+                _save_model(trainer.ref, folder / REFERENCE_DIR, None, self.dist)
 
         state = {
             "global_step": trainer.global_step,
@@ -123,10 +159,13 @@ class RunState:
         return None
 
     def restore(self, folder: Path, trainer: PPOTrainer) -> int:
-        """Resume: optimizer, schedule, controller, guard, sampler and RNG state (the caller loaded the
-        models from the checkpoint's HF folders)."""
+        """Resume: sharded weights, optimizer, schedule, controller, guard, sampler and RNG state (the caller
+        loaded the models from the checkpoint's HF folders, or built them to take its DCP shards here)."""
         state = load_state(folder)
         try:
+            for name, model in (("actor", trainer.actor), ("critic", trainer.critic), (REFERENCE_DIR, trainer.ref)):
+                if model is not None and is_dcp(folder / name):
+                    load_weights(model, folder / name, fresh=None)
             self._load_optimizers(folder, state, trainer)
             trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
             trainer.sampler.load_state_dict(state["sampler"])
@@ -146,21 +185,24 @@ class RunState:
         from klguard.model.loading import load_critic, load_policy
 
         state = load_state(folder)
-        fresh = load_policy(folder / "actor", trainer.cfg, trainable=True, device=trainer.device)
-        trainer.actor.load_state_dict(fresh.state_dict())
+        cfg, device = trainer.cfg, trainer.device
+        load_weights(trainer.actor, folder / "actor",
+                     lambda: load_policy(folder / "actor", cfg, trainable=True, device=device))
         if trainer.critic is not None:
-            critic = load_critic(trainer.policy_path, trainer.cfg, device=trainer.device, resume_path=folder / "critic")
-            trainer.critic.load_state_dict(critic.state_dict())
+            load_weights(trainer.critic, folder / "critic",
+                         lambda: load_critic(trainer.policy_path, cfg, device=device, resume_path=folder / "critic"))
         self._load_optimizers(folder, state, trainer)
         trainer.apply_lr_scale()
         return int(state["global_step"])
 
     @staticmethod
     def _load_optimizers(folder: Path, state: dict, trainer: PPOTrainer) -> None:
-        trainer.actor_optim.load_state_dict(load_tensors(folder / "actor_optim.pt"))
+        load_optimizer(trainer.actor, trainer.actor_optim, folder / "actor_optim",
+                       lambda: load_tensors(folder / "actor_optim.pt"))
         trainer.actor_sched.load_state_dict(state["actor_sched"])
         if trainer.critic is not None:
-            trainer.critic_optim.load_state_dict(load_tensors(folder / "critic_optim.pt"))
+            load_optimizer(trainer.critic, trainer.critic_optim, folder / "critic_optim",
+                           lambda: load_tensors(folder / "critic_optim.pt"))
             trainer.critic_sched.load_state_dict(state["critic_sched"])
 
 

@@ -2,10 +2,15 @@
 
 One step: 1 prompts -> 2 rollout -> 3 rewards -> 4 reference and KL -> 5 values and advantages
 -> 6 critic and actor updates -> 7 metrics. Validation and checkpoints happen between steps.
+
+Under torchrun every rank runs this same loop on its share of the rollouts (`self.layout`): forwards and
+updates on its rows, everything else (rewards, KL and its controller, advantages, metrics, guard) on the
+gathered global batch, so all ranks hold the same numbers. With one process the layout is the identity.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,8 +21,13 @@ from klguard.algo.advantage import compute_advantage
 from klguard.algo.kl import build_kl_controller, kl_penalty
 from klguard.algo.stats import masked_mean
 from klguard.config import Config, ConfigError, config_to_yaml
+from klguard.config.validate import validate_world
 from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
+from klguard.distributed import RowLayout, any_rank, assert_same_across_ranks, gather_objects, init_distributed
+from klguard.distributed.context import world_size_from_env
+from klguard.distributed.fsdp import local_numel, unsharded
+from klguard.distributed.sharded_checkpoint import copy_weights, load_weights
 from klguard.guard_runtime import GuardRuntime
 from klguard.metrics import rollout_metrics
 from klguard.model.loading import (
@@ -28,9 +38,9 @@ from klguard.model.loading import (
     resolve_tokenizer_path,
 )
 from klguard.reward.manager import RewardManager
-from klguard.rollout import compute_logprobs, generate
-from klguard.run_setup import build_datasets, build_optimizer, resolve_device, seed_everything, step_generator
-from klguard.run_state import REFERENCE_DIR, RunState
+from klguard.rollout import compute_logprobs, generate_rows
+from klguard.run_setup import build_datasets, build_optimizer, load_models, seed_everything, step_generator
+from klguard.run_state import RunState
 from klguard.update import NonFiniteError, PPOBatch, check_finite, critic_values, update_actor, update_critic
 from klguard.validation import score_rollout, validate_policy
 
@@ -38,21 +48,27 @@ from klguard.validation import score_rollout, validate_policy
 class PPOTrainer:
     def __init__(self, config: Config, *, log=print) -> None:
         self.cfg = config
-        self.log = log
         tr = config.trainer
+        validate_world(config, world_size_from_env())  # a batch that does not split fails before any rendezvous
+        self.dist = init_distributed(tr.device, tr.dist_timeout_s)  # torchrun's ranks, or one process
+        self.log = log if self.dist.is_main else _quiet  # only rank 0 logs and writes reports
         self.run_dir = Path(tr.default_local_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
-        self.device = resolve_device(tr.device)
+        if self.dist.is_main:
+            (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
+        self.device = self.dist.device
         seed_everything(tr.seed)
 
-        # data first: a bad row fails in seconds, before any model loads or SFT runs
-        self.tokenizer = load_tokenizer(resolve_tokenizer_path(config), config)
-        self.train_data, self.val_data = build_datasets(config, self.tokenizer, self.run_dir)
+        # data first: a bad row fails in seconds, before any model loads or SFT runs; rank 0 first (it
+        # writes the built-in task and fills the caches the other ranks then read)
+        main_first = self.dist.main_first
+        self.tokenizer = main_first(lambda: load_tokenizer(resolve_tokenizer_path(config), config))
+        self.train_data, self.val_data = main_first(
+            lambda: build_datasets(config, self.tokenizer, self.run_dir, write_builtin=self.dist.is_main))
         if len(self.train_data) < config.data.train_batch_size:
             raise ConfigError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training "
                               f"set ({len(self.train_data)} prompts)")
-        self.policy_path = resolve_model_path(config, log=log)
+        self.policy_path = main_first(lambda: resolve_model_path(config, log=self.log))
         self.use_critic = config.critic.enable if config.critic.enable is not None else (
             config.algorithm.adv_estimator == "gae")
         self.use_ref = config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
@@ -61,20 +77,12 @@ class PPOTrainer:
         self.total_steps = tr.total_training_steps or tr.total_epochs * self.sampler.batches_per_epoch
         self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
         self.rewards = RewardManager(config, self.tokenizer, device=self.device)
-        self.state = RunState(self.run_dir, tr.max_actor_ckpt_to_keep)
+        self.state = RunState(self.run_dir, tr.max_actor_ckpt_to_keep, self.dist)
         self.global_step = 0
 
         resume_from = self.state.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)
-        actor_path = resume_from / "actor" if resume_from else self.policy_path
-        self.actor = load_policy(actor_path, config, trainable=True, device=self.device)
-        ref_path = resume_from / REFERENCE_DIR if resume_from and (resume_from / REFERENCE_DIR).is_dir() else None
-        self.ref = load_policy(ref_path or self.policy_path, config, trainable=False,
-                               device=self.device) if self.use_ref else None
+        load_models(self, resume_from)  # self.actor, self.ref, self.critic; sharded under torchrun
         self.reference_step = 0  # set by re-anchoring; restored from the guard state on resume
-        self.critic = None
-        if self.use_critic:
-            critic_path = resume_from / "critic" if resume_from else None
-            self.critic = load_critic(self.policy_path, config, device=self.device, resume_path=critic_path)
         self.actor_optim, self.actor_sched = build_optimizer(self.actor, config.actor_rollout_ref.actor.optim,
                                                              self.total_steps)
         self.critic_optim, self.critic_sched = (build_optimizer(self.critic, config.critic.optim, self.total_steps)
@@ -91,6 +99,7 @@ class PPOTrainer:
     def train_step(self) -> dict[str, float]:
         cfg, step = self.cfg, self.global_step
         rollout_cfg, actor_cfg = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+        self.dist.maybe_inject_failure(step)
         timing: dict[str, float] = {}
         started = time.perf_counter()
 
@@ -98,16 +107,18 @@ class PPOTrainer:
         rows = [self.train_data[i] for i in self.sampler.next_batch() for _ in range(rollout_cfg.n)]
         group_index = torch.arange(len(rows)) // rollout_cfg.n
         prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
+        world = self.dist.world_size  # this rank's share of every mini-batch; identity for one process
+        layout = RowLayout(len(rows), actor_cfg.ppo_mini_batch_size * rollout_cfg.n, self.dist.rank, world)
 
-        # 2. rollout: sampled with the KV cache; old log-probs come from the same weights
-        with _timed(timing, "gen"):
+        # 2. rollout: sampled with the KV cache; old log-probs come from the same weights (unsharded for it)
+        with _timed(timing, "gen"), unsharded(self.actor, actor_cfg.fsdp_config.reshard_after_forward, timing):
             self.actor.eval()
-            out = generate(self.actor, prompt_ids.to(self.device), prompt_mask.to(self.device),
-                           max_new_tokens=cfg.data.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
-                           pad_token_id=self.tokenizer.pad_token_id, temperature=rollout_cfg.temperature,
-                           top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, do_sample=rollout_cfg.do_sample,
-                           ignore_eos=rollout_cfg.ignore_eos, generator=step_generator(cfg.trainer.seed, step, 0,
-                                                                                       self.device))
+            out = generate_rows(
+                self.actor, prompt_ids.to(self.device), prompt_mask.to(self.device), layout.index, layout.order,
+                max_new_tokens=cfg.data.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id, temperature=rollout_cfg.temperature,
+                top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, do_sample=rollout_cfg.do_sample,
+                ignore_eos=rollout_cfg.ignore_eos, generator=step_generator(cfg.trainer.seed, step, 0, self.device))
         mask = out.response_mask.float()
         input_ids, attention_mask = out.input_ids, out.attention_mask
         check_finite({"old_log_probs": out.old_logprobs}, mask)  # NaN here or below: fit() skips the step
@@ -125,9 +136,10 @@ class PPOTrainer:
         token_rewards = token_scores
         if self.ref is not None:
             with _timed(timing, "ref"), torch.no_grad():
-                ref_logprobs = compute_logprobs(self.ref, input_ids, attention_mask, mask.shape[1],
-                                                rollout_cfg.temperature,
-                                                micro_batch_size=cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
+                ref_logprobs = layout.gather(compute_logprobs(
+                    self.ref, layout.local(input_ids), layout.local(attention_mask), mask.shape[1],
+                    rollout_cfg.temperature,
+                    micro_batch_size=cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu))
             kl = kl_penalty(out.old_logprobs, ref_logprobs, cfg.algorithm.kl_penalty)
             check_finite({"ref_log_probs": ref_logprobs, "kl": kl}, mask)  # before the controller sees it
             kl = kl * mask
@@ -146,7 +158,8 @@ class PPOTrainer:
         values = None
         if self.critic is not None:
             with _timed(timing, "values"), torch.no_grad():
-                values = critic_values(self.critic, input_ids, attention_mask, mask.shape[1]) * mask
+                values = layout.gather(critic_values(self.critic, layout.local(input_ids),
+                                                     layout.local(attention_mask), mask.shape[1])) * mask
         with _timed(timing, "adv"):
             advantages, returns = compute_advantage(
                 cfg.algorithm.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, values=values,
@@ -156,27 +169,29 @@ class PPOTrainer:
 
         # 6. updates: critic first, the actor once the critic has warmed up
         batch = PPOBatch(input_ids, attention_mask, mask, out.old_logprobs, advantages, returns, values, ref_logprobs)
+        batch = batch if world == 1 else batch.select(layout.index.to(mask.device))  # this rank's rollouts
         update_metrics: dict[str, float] = {}
         nonfinite: list[str] = []  # loss terms or grad norms whose mini-batch was not applied
         gen = step_generator(cfg.trainer.seed, step, 1, torch.device("cpu"))
         if self.critic is not None:
             with _timed(timing, "update_critic"):
                 update_metrics |= update_critic(self.critic, self.critic_optim, batch, cfg.critic,
-                                                mini_batch_size=cfg.critic.ppo_mini_batch_size * rollout_cfg.n,
+                                                mini_batch_size=cfg.critic.ppo_mini_batch_size * rollout_cfg.n // world,
                                                 generator=gen, nonfinite=nonfinite)
             self.critic_sched.step()
         if step >= cfg.trainer.critic_warmup:
             with _timed(timing, "update_actor"):
                 update_metrics |= update_actor(self.actor, self.actor_optim, batch, actor_cfg,
-                                               mini_batch_size=actor_cfg.ppo_mini_batch_size * rollout_cfg.n,
+                                               mini_batch_size=actor_cfg.ppo_mini_batch_size * rollout_cfg.n // world,
                                                temperature=rollout_cfg.temperature, generator=gen,
                                                grad_clip=self.actor_grad_clip, nonfinite=nonfinite)
             update_metrics["actor/grad_clip"] = self.actor_grad_clip
             self.actor_sched.step()
             self.apply_lr_scale()
 
-        # 7. metrics
+        # 7. metrics (the reshard time's share of the step: the unshard/reshard around generation)
         timing["step"] = time.perf_counter() - started
+        share = {"perf/reshard_share": timing["reshard"] / timing["step"]} if "reshard" in timing else {}
         self.global_step += 1
         for where in nonfinite:
             self.guard.record_nonfinite(self.global_step, where)
@@ -184,7 +199,7 @@ class PPOTrainer:
             **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
             **kl_metrics, **update_metrics,
             **{f"timing_s/{k}": v for k, v in timing.items()},
-            "perf/throughput": float(out.attention_mask.sum()) / timing["step"],
+            "perf/throughput": float(out.attention_mask.sum()) / timing["step"], **share,
             "training/global_step": self.global_step, "training/epoch": self.sampler.epoch,
             "training/nonfinite_skipped": float(bool(nonfinite)),
         }
@@ -193,7 +208,8 @@ class PPOTrainer:
         return score_rollout(self.rewards, self.tokenizer, rows, out)
 
     def validate(self) -> dict[str, float]:
-        return validate_policy(self.actor, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
+        with unsharded(self.actor, self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward, {}):
+            return validate_policy(self.actor, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
 
     # ------------------------------------------------------------------ guard hooks
     def apply_lr_scale(self) -> None:
@@ -206,10 +222,10 @@ class PPOTrainer:
         policy when there is none); the step counter, data position and guard state go on."""
         folder = self.state.latest_stable()
         if folder is None:
-            self.actor.load_state_dict(load_policy(self.policy_path, self.cfg, trainable=True,
-                                                   device=self.device).state_dict())
+            load_weights(self.actor, None, lambda: load_policy(self.policy_path, self.cfg, trainable=True,
+                                                               device=self.device))
             if self.critic is not None:
-                self.critic.load_state_dict(load_critic(self.policy_path, self.cfg, device=self.device).state_dict())
+                load_weights(self.critic, None, lambda: load_critic(self.policy_path, self.cfg, device=self.device))
             for optim in (self.actor_optim, self.critic_optim):
                 if optim is not None:
                     optim.state.clear()
@@ -223,9 +239,23 @@ class PPOTrainer:
         """Make the reference a frozen copy of the current (just restored) policy of step `step`."""
         if self.ref is None:
             return
-        self.ref.load_state_dict(self.actor.state_dict())
+        copy_weights(self.actor, self.ref)
         self.reference_step = step
         self.log(f"klguard: the reference is now the policy of step {step}")
+
+    def check_ranks(self, step: int, metrics: dict[str, float]) -> None:
+        """trainer.debug: assert that every rank holds the same KL coefficient, guard state and metrics, and
+        write each rank's coefficient and share of the actor's parameters to `rank_checks.jsonl`."""
+        same = {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
+        same |= {"kl_coef": self.kl_ctrl.value, "kl_frozen": float(self.kl_frozen), "lr_scale": self.lr_scale,
+                 "paused": float(self.guard.pause_reason is not None), "reference_step": float(self.reference_step)}
+        ranks = assert_same_across_ranks(same, f"step {step}")
+        params = gather_objects(local_numel(self.actor))
+        if self.dist.is_main:
+            record = {"step": step, "kl_coef": [r["kl_coef"] for r in ranks], "actor_params": params,
+                      "actor_params_total": sum(p.numel() for p in self.actor.parameters())}
+            with open(self.run_dir / "rank_checks.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
 
     # ------------------------------------------------------------------ the run
     def fit(self, tracker, progress=None, preemption=None) -> dict[str, float]:
@@ -254,6 +284,8 @@ class PPOTrainer:
             if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
                 metrics |= self.validate()
             metrics |= self.guard.observe(step, metrics)
+            if tr.debug:
+                self.check_ranks(step, metrics)
             if 0 < tr.max_nonfinite_steps <= nonfinite_run and self.guard.pause_reason is None:
                 self.guard.pause_reason = (
                     f"{nonfinite_run} steps in a row had non-finite values (see events.jsonl). To go on: check the "
@@ -263,7 +295,7 @@ class PPOTrainer:
                 self.state.mark_stable(pending_stable)  # its weights were just measured and found calm
             pending_stable = None
             tracker.log(metrics, step=step)
-            stopping = preemption is not None and preemption.requested
+            stopping = preemption is not None and any_rank(preemption.requested)  # a signal to one rank stops all
             if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last or self.guard.pause_reason or stopping:
                 pending_stable = step if self.state.save(self) is not None else None
             if progress is not None:
@@ -274,6 +306,10 @@ class PPOTrainer:
         if self.guard.pause_reason:
             self.log(f"klguard: paused at step {self.global_step}: {self.guard.pause_reason}")
         return last
+
+
+def _quiet(message: str) -> None:
+    """The log of ranks other than 0."""
 
 
 @contextmanager

@@ -3,6 +3,10 @@
 Each mini-batch is one optimizer step; micro-batches accumulate gradients with weight
 micro/mini as verl does. A mini-batch whose loss or gradient norm is not finite is skipped, never
 applied, and named in the caller's `nonfinite` list (e.g. `actor/pg_loss`, `critic/grad_norm`).
+
+Under torchrun each rank holds its share of every mini-batch (klguard.distributed.layout): FSDP averages the
+gradients over ranks, every rank runs the same backwards and skips the same mini-batches, and the metrics
+are means over all ranks' micro-batches.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from klguard.algo.kl import kl_penalty
 from klguard.algo.loss import agg_loss, compute_policy_loss, compute_value_loss
 from klguard.config.schema import ActorConfig, CriticConfig
+from klguard.distributed import any_rank, is_distributed, reduce_means
 from klguard.rollout import compute_logprobs, position_ids_from_mask
 
 
@@ -79,21 +85,23 @@ def check_finite(tensors: dict[str, Tensor | None], mask: Tensor | None = None) 
 def _apply_step(params: list[Tensor], optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
     """Clip, then step only when the gradient norm is finite; returns the pre-clip norm."""
     max_norm = grad_clip if grad_clip > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # sharded: the global norm
     if math.isfinite(grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
 
 
+def _optimized(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The parameters the optimizer steps (a sharded model's own list may hold gathered copies meanwhile)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def _nonfinite_loss(loss: Tensor, stats: dict[str, float], prefix: str) -> str | None:
     """The first non-finite loss term's metric name (`{prefix}/loss` if only the total is)."""
     bad = next((k for k, v in stats.items() if not math.isfinite(v)), None)
     return bad or (None if math.isfinite(loss.item()) else f"{prefix}/loss")
-
-
-def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
-    return {k: sum(v) / len(v) for k, v in acc.items() if v}
 
 
 LossFn = Callable[[PPOBatch], tuple[Tensor, dict[str, float]]]
@@ -108,6 +116,7 @@ def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: 
     A mini-batch with a non-finite loss or gradient norm is not applied; its name goes to `nonfinite`
     and its non-finite values stay out of the metrics."""
     acc: dict[str, list[float]] = defaultdict(list)
+    sharded = is_distributed()  # FSDP reduces gradients in backward: every rank must run every backward
     for _ in range(epochs):
         for mini_idx in minibatch_indices(len(batch), mini_batch_size, shuffle, generator):
             mini = batch.select(mini_idx)
@@ -116,11 +125,13 @@ def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: 
                 part = mini.select(micro_idx)
                 loss, stats = loss_fn(part)
                 bad = bad or _nonfinite_loss(loss, stats, prefix)
-                if bad is None:
+                if bad is None or sharded:
                     (loss * (len(part) / len(mini))).backward()
                 for key, value in stats.items():
                     if math.isfinite(value):
                         acc[key].append(value)
+            if sharded and any_rank(bad is not None):
+                bad = bad or f"{prefix}/loss"  # another rank's loss was not finite
             if bad is None:
                 grad_norm = _apply_step(params, optimizer, grad_clip)
                 bad = None if math.isfinite(grad_norm) else f"{prefix}/grad_norm"
@@ -140,12 +151,12 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
     """One PPO policy update over `batch`; returns verl-named actor metrics (see _run_updates for `nonfinite`)."""
     model.train()
     acc = _run_updates(
-        [p for p in model.parameters() if p.requires_grad], optimizer, batch,
+        _optimized(optimizer), optimizer, batch,
         lambda part: _actor_loss(model, part, cfg, temperature), epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size,
         shuffle=cfg.shuffle, grad_clip=cfg.grad_clip if grad_clip is None else grad_clip, generator=generator,
         prefix="actor", nonfinite=nonfinite)
-    metrics = _mean_metrics(acc)
+    metrics = reduce_means(acc)
     metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
     return metrics
 
@@ -195,10 +206,10 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
         raise ValueError("the critic update needs rollout-time values")
     critic.train()
     acc = _run_updates(
-        [p for p in critic.parameters() if p.requires_grad], optimizer, batch,
+        _optimized(optimizer), optimizer, batch,
         lambda part: _critic_loss(critic, part, cfg), epochs=cfg.ppo_epochs, mini_batch_size=mini_batch_size,
         micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size, shuffle=cfg.shuffle,
         grad_clip=cfg.grad_clip, generator=generator, prefix="critic", nonfinite=nonfinite)
-    metrics = _mean_metrics(acc)
+    metrics = reduce_means(acc)
     metrics["critic/lr"] = optimizer.param_groups[0]["lr"]
     return metrics

@@ -6,9 +6,10 @@ import torch
 
 from klguard.config import Config
 from klguard.data.dataset import RLDataset, collate_left_pad
+from klguard.distributed import even_slice, is_distributed
 from klguard.metrics import validation_metrics
 from klguard.reward.manager import RewardManager, RewardOutput
-from klguard.rollout import RolloutBatch, generate
+from klguard.rollout import RolloutBatch, generate_rows
 from klguard.run_setup import step_generator
 
 
@@ -24,19 +25,23 @@ def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch) ->
 @torch.no_grad()
 def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, val_data: RLDataset, cfg: Config,
                     device: torch.device) -> dict[str, float]:
-    """Sample `val_kwargs.n` responses per validation prompt; `val-core/...` and `val-aux/...` metrics."""
+    """Sample `val_kwargs.n` responses per validation prompt; `val-core/...` and `val-aux/...` metrics.
+    Under torchrun each rank generates its share of every batch; all ranks score the gathered batch."""
     kw = cfg.actor_rollout_ref.rollout.val_kwargs
     rows = [val_data[i] for i in range(len(val_data)) for _ in range(kw.n)]
     size = (cfg.data.val_batch_size or len(val_data)) * kw.n
     gen = step_generator(cfg.trainer.seed, 0, 2, device)  # the same noise at every validation
     model.eval()
     results = []
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if is_distributed() else (0, 1)
     for start in range(0, len(rows), size):
         part = rows[start : start + size]
         ids, pmask = collate_left_pad(part, tokenizer.pad_token_id)
-        out = generate(model, ids.to(device), pmask.to(device), max_new_tokens=cfg.data.max_response_length,
-                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                       temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
-                       generator=gen)
+        everyone = torch.arange(len(part))
+        out = generate_rows(model, ids.to(device), pmask.to(device), everyone[even_slice(len(part), rank, world)],
+                            everyone, max_new_tokens=cfg.data.max_response_length,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                            temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
+                            generator=gen)
         results.append((part, out, score_rollout(rewards, tokenizer, part, out)))
     return validation_metrics(results, kw.n)

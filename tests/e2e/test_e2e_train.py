@@ -26,7 +26,7 @@ def _records(run: Path) -> list[dict]:
 
 def test_two_step_run_writes_metrics_checkpoints_and_hf_folders(fast_overrides, tmp_path):
     code = main(["train", *fast_overrides, "trainer.total_training_steps=2", "trainer.save_freq=1",
-                 "trainer.test_freq=1"])
+                 "trainer.test_freq=1", "trainer.report=true"])
     assert code == 0
     run = tmp_path / "run"
     records = _records(run)
@@ -38,6 +38,7 @@ def test_two_step_run_writes_metrics_checkpoints_and_hf_folders(fast_overrides, 
         assert record["val-core/klguard/arith/acc/mean@1"] is not None
     assert (run / "config.yaml").is_file() and list((run / "tensorboard").iterdir())
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert "data:image/png;base64," in (run / "report.html").read_text()
     # the checkpoint's policy is a plain HF folder
     actor = run / "global_step_2" / "actor"
     model = AutoModelForCausalLM.from_pretrained(actor)

@@ -1,23 +1,12 @@
-"""Shared set-up for the reliability tests: a tiny SFT policy cached once per session, a few-second run."""
+"""Reliability runs checkpoint every step and validate only at the end."""
 
 from __future__ import annotations
 
 import pytest
 
 
-@pytest.fixture(scope="session")
-def sft_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("sft-cache")
-
-
 @pytest.fixture
-def fast_overrides(sft_cache, tmp_path):
-    """A short PPO run on the built-in task that checkpoints every step and validates only at the end."""
-    return [
-        f"sft.cache_dir={sft_cache}", "sft.steps=30", "sft.batch_size=64", "sft.eval_every=30",
-        f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.progress_bar=false", "trainer.logger=[jsonl]",
-        "data.builtin_train_size=64", "data.builtin_val_size=16", "data.train_batch_size=16",
-        "data.max_response_length=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "trainer.save_freq=1", "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
-    ]
+def fast_overrides(fast_overrides):
+    """The shared few-second run (tests/conftest.py), checkpointing every step, one logger."""
+    return [*fast_overrides, "trainer.logger=[jsonl]", "trainer.save_freq=1", "trainer.test_freq=-1",
+            "trainer.val_before_train=false"]

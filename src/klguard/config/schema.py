@@ -83,7 +83,27 @@ class OptimConfig:
 
 
 @dataclass
-class FSDPConfig:
+class ShardingConfig:
+    fsdp_size: int = opt(
+        -1, "Ranks one model is sharded over (-1 = all); fewer builds a 2-D (replicate x shard) mesh, HSDP"
+    )
+    offload_policy: bool = opt(
+        False, "Keep parameters, gradients and optimizer states on the CPU (FSDP2 CPUOffloadPolicy; CUDA only)"
+    )
+    reshard_after_forward: bool = opt(
+        True, "Free each layer's gathered weights after its forward (less memory, one more all-gather in backward)"
+    )
+
+
+@dataclass
+class RefFSDPConfig(ShardingConfig):
+    offload_policy: bool = opt(
+        True, "Keep the reference's shards on the CPU (verl offloads the FSDP2 reference whatever its key says)"
+    )
+
+
+@dataclass
+class FSDPConfig(ShardingConfig):
     dtype: str = opt(
         "auto", "Compute dtype, weights stay fp32: bfloat16 (autocast) | float32 | auto = bfloat16 on a GPU that "
         "has it, else float32 (verl: bfloat16; auto keeps CPU runs exact)"
@@ -92,7 +112,10 @@ class FSDPConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = opt("fsdp2", "Parallelism: fsdp2 | fsdp (alias of fsdp2) | none; world size 1 runs unsharded")
+    strategy: str = opt(
+        "fsdp2", "Parallelism under torchrun: fsdp2 | fsdp (alias of fsdp2) | none (replicated, as DDP); one process "
+        "runs unsharded"
+    )
     ppo_mini_batch_size: int = opt(32, "Prompts per optimizer step, before rollout.n (verl: 256; demo-sized)")
     ppo_micro_batch_size_per_gpu: int | None = opt(
         None, "Rollouts per forward/backward on one device (null = the whole mini-batch)"
@@ -144,6 +167,7 @@ class RolloutConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = opt(None, "Rollouts per reference forward (null = all)")
+    fsdp_config: RefFSDPConfig = section(RefFSDPConfig, "Sharding of the reference (it follows the actor's strategy)")
 
 
 @dataclass
@@ -171,7 +195,7 @@ class CriticOptimConfig(OptimConfig):
 @dataclass
 class CriticConfig:
     enable: bool | None = opt(None, "Train a critic (null = only when algorithm.adv_estimator is gae)")
-    strategy: str = opt("fsdp2", "Parallelism: fsdp2 | fsdp | none")
+    strategy: str = opt("fsdp2", "Parallelism under torchrun: fsdp2 | fsdp (alias) | none (replicated)")
     model: CriticModelConfig = section(CriticModelConfig, "The value model (a token-classification head)")
     optim: CriticOptimConfig = section(CriticOptimConfig, "Critic optimizer (AdamW)")
     ppo_mini_batch_size: int = opt("${actor_rollout_ref.actor.ppo_mini_batch_size}", "Prompts per critic step")
@@ -276,6 +300,13 @@ class TrainerConfig:
     device: str = opt("auto", "cpu | cuda | auto (verl: cuda)")
     seed: int = opt(1, "Seeds every RNG (torch, numpy, python, sampling) so a CPU run is reproducible (ours)")
     progress_bar: bool = opt(True, "Show a live progress bar (ours)")
+    report: bool = opt(True, "Write report.html (curves, guard actions) into the run directory at the end (ours)")
+    dist_timeout_s: float = opt(
+        1800.0, "Seconds a rank waits in a collective before the job fails instead of hanging (torchrun runs; ours)"
+    )
+    debug: bool = opt(
+        False, "Check every step that all ranks hold the same KL coefficient, guard state and metrics (ours)"
+    )
     max_nonfinite_steps: int = opt(
         3, "Pause after this many steps in a row skipped for a NaN/Inf in rewards, log-probs, KL, loss or grads (ours)"
     )

@@ -103,6 +103,9 @@ def _validate_actor(cfg: Config) -> None:
             _fail(f"{key}.lr_warmup_steps_ratio", optim.lr_warmup_steps_ratio, "must be in [0, 1)")
         if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
             _fail(f"{key}.betas", optim.betas, "must be two numbers in [0, 1)")
+    for key, sharding in _sharding_sections(cfg):
+        if sharding.fsdp_size == 0 or sharding.fsdp_size < -1:
+            _fail(f"{key}.fsdp_size", sharding.fsdp_size, "must be -1 (all ranks) or >= 1")
     for key, epochs in ((f"{prefix}.ppo_epochs", actor.ppo_epochs), ("critic.ppo_epochs", cfg.critic.ppo_epochs)):
         if epochs < 1:
             _fail(key, epochs, "must be >= 1")
@@ -156,6 +159,31 @@ def _validate_batches(cfg: Config) -> None:
             _fail(key, value, "must be >= 1")
 
 
+def _sharding_sections(cfg: Config) -> tuple[tuple[str, Any], ...]:
+    return (("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
+            ("actor_rollout_ref.ref.fsdp_config", cfg.actor_rollout_ref.ref.fsdp_config),
+            ("critic.model.fsdp_config", cfg.critic.model.fsdp_config))
+
+
+def validate_world(cfg: Config, world: int) -> None:
+    """Checks that need the number of ranks (torchrun's WORLD_SIZE), run when training starts: every
+    mini-batch splits evenly over the data-parallel ranks and the per-rank micro-batch divides its share."""
+    n = cfg.actor_rollout_ref.rollout.n
+    for prefix, section in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("critic", cfg.critic)):
+        rows = section.ppo_mini_batch_size * n
+        if rows % world:
+            _fail(f"{prefix}.ppo_mini_batch_size", section.ppo_mini_batch_size,
+                  f"x rollout.n={n} = {rows} rollouts does not split evenly over {world} ranks (WORLD_SIZE)")
+        micro = section.ppo_micro_batch_size_per_gpu
+        if micro is not None and (rows // world) % micro:
+            _fail(f"{prefix}.ppo_micro_batch_size_per_gpu", micro,
+                  f"must divide the per-rank mini-batch of {rows // world} rollouts ({prefix}.ppo_mini_batch_size "
+                  f"x rollout.n / {world} ranks)")
+    for key, sharding in _sharding_sections(cfg):
+        if sharding.fsdp_size > 0 and world % sharding.fsdp_size:
+            _fail(f"{key}.fsdp_size", sharding.fsdp_size, f"must divide the world size {world}")
+
+
 def _validate_data(cfg: Config) -> None:
     data = cfg.data
     for key in ("max_prompt_length", "max_response_length", "builtin_train_size", "builtin_val_size"):
@@ -191,6 +219,7 @@ def _validate_trainer(cfg: Config) -> None:
         _fail("trainer.test_freq", tr.test_freq, "must be >= 1 or -1")
     if tr.max_actor_ckpt_to_keep is not None and tr.max_actor_ckpt_to_keep < 1:
         _fail("trainer.max_actor_ckpt_to_keep", tr.max_actor_ckpt_to_keep, "must be >= 1 or null")
+    _positive("trainer.dist_timeout_s", tr.dist_timeout_s)
     if tr.max_nonfinite_steps < 0:
         _fail("trainer.max_nonfinite_steps", tr.max_nonfinite_steps, "must be >= 0 (0 = never pause)")
 

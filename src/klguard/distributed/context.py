@@ -1,0 +1,105 @@
+"""The process group of a run: torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...) or
+one process. Both go through the same code: with one process every collective is the identity.
+
+Backend from the device: gloo on CPU, nccl on CUDA (each rank on `cuda:LOCAL_RANK`). A collective
+that waits longer than `trainer.dist_timeout_s` raises instead of hanging; torchrun stops the other
+ranks as soon as one exits with an error.
+
+Test hook: `KLGUARD_TEST_RAISE_ON_RANK=R:S` raises a RuntimeError on rank R at the start of step S+1,
+to test that one failing rank brings the whole job down. It does nothing when unset.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from klguard.errors import ConfigError
+
+RAISE_ON_RANK_ENV = "KLGUARD_TEST_RAISE_ON_RANK"
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def main_first(self, fn, *args, **kwargs):
+        """`fn` on rank 0, then on the others (rank 0 fills a cache or writes a file the others read)."""
+        if self.is_main:
+            result = fn(*args, **kwargs)
+            self.barrier()
+            return result
+        self.barrier()
+        return fn(*args, **kwargs)
+
+    def maybe_inject_failure(self, step: int) -> None:
+        """The test hook of the module docstring."""
+        spec = os.environ.get(RAISE_ON_RANK_ENV)
+        if spec and spec == f"{self.rank}:{step}":
+            raise RuntimeError(f"injected failure on rank {self.rank} at step {step + 1} ({RAISE_ON_RANK_ENV})")
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _resolve_device(name: str, local_rank: int) -> torch.device:
+    from klguard.run_setup import resolve_device
+
+    device = resolve_device(name)
+    if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"trainer.device={name}: LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} "
+                              "CUDA devices are visible; lower --nproc_per_node")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(device_name: str, timeout_s: float = 1800.0) -> DistContext:
+    """Join torchrun's process group (or stay one process) and pick this rank's device."""
+    world = world_size_from_env()
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = _resolve_device(device_name, local_rank)
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    if dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op for one process)."""
+    if is_distributed():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    """Leave the process group (a no-op for one process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

@@ -1,0 +1,91 @@
+"""FSDP2 sharding: `fully_shard` on every decoder layer (the model's `_no_split_modules`) and on the root.
+
+`fsdp_size` < world size (and > 0) builds a 2-D (replicate x shard) mesh, HSDP; `strategy: none` with more
+than one rank replicates (a mesh of world x 1: every rank holds the whole model, gradients are averaged,
+as DDP). Mixed precision comes from `fsdp_config.dtype` (MixedPrecisionPolicy: bf16 compute, fp32 gradient
+reduction); `offload_policy` keeps parameters and optimizer states on the CPU (CPUOffloadPolicy, CUDA only:
+on a CPU device there is nowhere else to offload to).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from klguard.distributed.context import DistContext
+
+# FSDP2 warns about every model output that is a view (HF heads return some); klguard never edits one in place
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
+
+
+def build_mesh(ctx: DistContext, fsdp_size: int) -> DeviceMesh:
+    """1-D shard mesh over all ranks, or (world / fsdp_size) x fsdp_size for HSDP (fsdp_size = 1: DDP)."""
+    if fsdp_size <= 0 or fsdp_size >= ctx.world_size:
+        return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("fsdp",))
+    return init_device_mesh(ctx.device.type, (ctx.world_size // fsdp_size, fsdp_size),
+                            mesh_dim_names=("ddp", "fsdp"))
+
+
+def _layer_classes(model: torch.nn.Module) -> set[str]:
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    if not names:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class (_no_split_modules) to shard by")
+    return names
+
+
+def shard_model(model: torch.nn.Module, ctx: DistContext, *, strategy: str, fsdp_size: int, offload: bool,
+                reshard_after_forward: bool, param_dtype: torch.dtype | None) -> torch.nn.Module:
+    """`model` sharded in place (one process: returned as it is)."""
+    if not ctx.distributed:
+        return model
+    mesh = build_mesh(ctx, 1 if strategy == "none" else fsdp_size)
+    policy = CPUOffloadPolicy() if offload and ctx.device.type == "cuda" else OffloadPolicy()
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    kwargs = dict(mesh=mesh, offload_policy=policy, mp_policy=mp)
+    classes = _layer_classes(model)
+    for module in model.modules():
+        if type(module).__name__ in classes:
+            fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)
+    # the root too, as verl: outside a forward the model then holds only its shards
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    return model
+
+
+def is_sharded(model: torch.nn.Module | None) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def local_numel(model: torch.nn.Module) -> int:
+    """Parameter elements this rank stores (its shards; everything when unsharded)."""
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+
+
+@contextmanager
+def unsharded(model: torch.nn.Module, reshard_after_forward: bool, timing: dict[str, float]) -> Iterator[None]:
+    """Whole weights on every rank for generation (one all-gather per layer, none per token), sharded again
+    after: the 3D-HybridEngine idea. Adds the all-gather and the resharding time to `timing["reshard"]`.
+    Ranks may then run different numbers of forwards (generation stops early on some)."""
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not modules:
+        yield
+        return
+    start = time.perf_counter()
+    for module in modules:
+        module.unshard()
+        module.set_reshard_after_forward(False, recurse=False)
+    timing["reshard"] = timing.get("reshard", 0.0) + time.perf_counter() - start
+    try:
+        yield
+    finally:
+        start = time.perf_counter()
+        for module in modules:
+            module.reshard()
+            module.set_reshard_after_forward(reshard_after_forward, recurse=False)
+        timing["reshard"] = timing.get("reshard", 0.0) + time.perf_counter() - start
