@@ -144,7 +144,7 @@ def test_slow_rule_is_off_when_no_controller_pursues_target_kl() -> None:
     d.guard.kl_controlled = False  # a fixed coefficient: raising it would make the guard a second controller
     d.run(steps({s: {"actor/reward_kl_penalty": 0.02} for s in range(1, 30)}, 25))
     assert d.fired() == {}
-    assert d.metrics[25]["guard/alarm_kl_slow"] == 1.0  # still reported
+    assert d.metrics[25]["guard/alarm_kl_slow"] == 0.0 and d.metrics[25]["guard/stable"] == 1.0
 
 
 # ------------------------------------------------------------------ rule 9: hacking detector

@@ -126,6 +126,8 @@ class KLGuard:
         rules.measure_penalty_share(cfg, st, obs)
         rules.measure_grad_norm(cfg, st, obs)
         spike_threshold = rules.measure_kl(cfg, st, obs)
+        if not self.kl_controlled:  # no controller chases target_kl: KL above it is no alarm (nor unstable)
+            st.alarms["kl_slow"] = False
         val_dropped = rules.measure_validation(cfg, st, obs)
         evidence = measure_hacking(cfg, st, obs)
 
