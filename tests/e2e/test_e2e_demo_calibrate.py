@@ -33,6 +33,7 @@ def test_calibrate_sweeps_the_grid_and_recommends_a_target(fast_overrides, tmp_p
     assert all(p["steps"] == 4 for p in result["points"])
     assert result["recommendation"]["target_kl"] in (0.01, 0.05)
     assert f"algorithm.kl_ctrl.target_kl={result['recommendation']['target_kl']}" in result["command"]
+    assert "calibrate." not in result["command"] and "data.builtin_train_size=64" in result["command"]
     config = (out / "target_kl_0.05" / "config.yaml").read_text()
     assert "target_kl: 0.05" in config and "type: adaptive" in config
     printed = capsys.readouterr().out

@@ -60,7 +60,8 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
     command = None
     if rec.target_kl is not None:
         chosen = _sweep_overrides(cal, rec.target_kl)
-        parts = ["klguard", "train"] + (["--config", config_file] if config_file else []) + [*overrides, *chosen]
+        kept = [o for o in overrides if not o.lstrip("+").startswith("calibrate.")]  # sweep-only keys
+        parts = ["klguard", "train"] + (["--config", config_file] if config_file else []) + [*kept, *chosen]
         command = shlex.join(parts)
     result = {
         "metric": metric, "kl_unit": unit, "gold_labels": gold, "max_hacking_rate": cal.max_hacking_rate,
