@@ -166,6 +166,14 @@ def test_compute_logprobs_backprop(llama) -> None:
     llama.zero_grad(set_to_none=True)
 
 
+def test_entropy_outside_autograd_has_the_same_values(llama) -> None:
+    b = run(llama, max_new_tokens=6)
+    _, tracked = compute_logprobs(llama, b.input_ids, b.attention_mask, 6, return_entropy=True)
+    lp, free = compute_logprobs(llama, b.input_ids, b.attention_mask, 6, return_entropy=True, entropy_grad=False)
+    assert tracked.requires_grad and not free.requires_grad and lp.requires_grad
+    assert torch.equal(tracked.detach(), free)
+
+
 def test_preallocated_cache_matches_plain_dynamic_cache(llama, monkeypatch) -> None:
     if not hasattr(DynamicCache(config=llama.config), "layers"):
         pytest.skip("transformers without per-layer caches: plain DynamicCache is used anyway")

@@ -243,13 +243,13 @@ def _entropy(logits: Tensor) -> Tensor:
 
 def compute_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
                      temperature: float = 1.0, *, micro_batch_size: int | None = None,
-                     return_entropy: bool = False, return_logits: bool = False
+                     return_entropy: bool = False, return_logits: bool = False, entropy_grad: bool = True
                      ) -> Tensor | tuple[Tensor, ...]:
     """Log-probs ``[B, R]`` of the last ``R = response_length`` tokens of ``input_ids`` under
     ``log_softmax(logits / temperature)``, one forward per micro-batch; grad follows the caller's mode.
 
     Returns ``logprobs``, or ``(logprobs[, entropy][, logits])`` (fp32, temperature-scaled ``[B, R, V]``)
-    when extras are requested.
+    when extras are requested; ``entropy_grad=False`` computes the entropy outside autograd.
     """
     R = response_length
     bsz = input_ids.shape[0]
@@ -263,7 +263,7 @@ def compute_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: 
         logp_all = torch.log_softmax(logits, -1)
         part: tuple[Tensor, ...] = (logp_all.gather(-1, ids[:, -R:, None]).squeeze(-1),)
         if return_entropy:
-            part += (_entropy(logits),)
+            part += (_entropy(logits if entropy_grad else logits.detach()),)
         if return_logits:
             part += (logits,)
         outs.append(part)

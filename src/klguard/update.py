@@ -163,8 +163,9 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
 
 def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temperature: float
                 ) -> tuple[Tensor, dict[str, float]]:
+    # entropy through autograd only when it is in the loss: its backward runs a softmax over the vocabulary
     logprobs, entropy = compute_logprobs(model, part.input_ids, part.attention_mask, part.response_length,
-                                         temperature, return_entropy=True)
+                                         temperature, return_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
     mask = part.response_mask
     out = compute_policy_loss(
         part.old_logprobs, logprobs, part.advantages, mask, clip_ratio=cfg.clip_ratio,
@@ -172,7 +173,7 @@ def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temper
         use_dual_clip=cfg.use_dual_clip, loss_agg_mode=cfg.loss_agg_mode,
     )
     entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode)
-    loss = out.pg_loss - cfg.entropy_coeff * entropy_loss
+    loss = out.pg_loss - cfg.entropy_coeff * entropy_loss if cfg.entropy_coeff != 0 else out.pg_loss
     stats = {
         "actor/pg_loss": out.pg_loss.item(),
         "actor/pg_clipfrac": out.pg_clipfrac.item(),
