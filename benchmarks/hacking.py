@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), help="run only these contenders")
     parser.add_argument("--parallel", type=int, default=default_parallel())
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--summarize-only", action="store_true",
+                        help="train nothing: re-read the run directories already in OUT/hacking/")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run (e.g. trainer.total_"
                         "training_steps=100)")
     args = parser.parse_args(argv)
@@ -73,16 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     from klguard.config import load_config
 
     base = load_config(None, args.overrides).config
-    prepare_builtin_policy(base, lambda m: print(m, file=sys.stderr))
-    jobs = []
-    for seed in args.seeds:
-        for name in names:
-            run_dir = out / "hacking" / f"{name}_s{seed}"
-            fresh_run_dir(run_dir)
-            jobs.append(Job(f"{name}_s{seed}", run_dir, (*args.overrides, *CONTENDERS[name], f"trainer.seed={seed}",
-                                                          "trainer.resume_mode=disable"),
-                            base.trainer.total_training_steps or 0))
-    run_jobs(jobs, parallel=args.parallel, desc="hacking benchmark")
+    jobs = [Job(f"{name}_s{seed}", out / "hacking" / f"{name}_s{seed}",
+                (*args.overrides, *CONTENDERS[name], f"trainer.seed={seed}", "trainer.resume_mode=disable"),
+                base.trainer.total_training_steps or 0) for seed in args.seeds for name in names]
+    if not args.summarize_only:
+        prepare_builtin_policy(base, lambda m: print(m, file=sys.stderr))
+        for job in jobs:
+            fresh_run_dir(job.run_dir)
+        run_jobs(jobs, parallel=args.parallel, desc="hacking benchmark")
 
     per_run = {}
     for job in jobs:
