@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), help="run only these contenders")
     parser.add_argument("--parallel", type=int, default=default_parallel())
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--markdown", action="store_true", help="also print the per-seed table as Markdown")
     parser.add_argument("--summarize-only", action="store_true",
                         help="train nothing: re-read the run directories already in OUT/hacking/")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run (e.g. trainer.total_"
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     result_file.write_text(json.dumps(result, indent=1))
     _print_table(result, names, args.seeds)
     _print_claims(result)
+    if args.markdown:
+        _print_markdown(result)
     print(f"\nwritten: {result_file} (runs of earlier invocations with the same overrides are kept)")
     return 0
 
@@ -158,6 +161,21 @@ def _print_table(result: dict, names: list[str], seeds: list[int]) -> None:
             f"s{s}: {_fmt(r['final_gold'])}/{_fmt(r['best_gold'])}/{_fmt(r['hacking_rate'])}/"
             f"{_fmt(r['val_hacking_rate'])}" for s in seeds for r in [runs[f"{name}_s{s}"]])
         print(f"{name:<16}{cells}")
+
+
+def _print_markdown(result: dict) -> None:
+    """Per contender: each seed's final / best gold and hacking rates, then the mean."""
+    print("\n| contender | final gold | best gold | hacking (rollouts) | hacking (val) | length | KL/token |")
+    print("|---|---|---|---|---|---|---|")
+    by_name: dict[str, list[tuple[str, dict]]] = {}
+    for label, r in result["runs"].items():
+        name, seed = label.rsplit("_s", 1)
+        by_name.setdefault(name, []).append((seed, r))
+    for name, runs in by_name.items():
+        m = result["means"][name]
+        cells = [" / ".join(_fmt(r[key]) for _, r in runs) + f" (mean {_fmt(m[key])})"
+                 for key in ("final_gold", "best_gold", "hacking_rate", "val_hacking_rate")]
+        print(f"| {name} | " + " | ".join(cells) + f" | {_fmt(m['length'])} | {_fmt(m['kl_per_token'])} |")
 
 
 def _fmt(value) -> str:
