@@ -29,7 +29,8 @@ from klguard.sweep import Job, default_parallel, run_jobs
 
 def _controller(kind: str, target: float) -> tuple[str, ...]:
     if kind == "adaptive":  # the seed's adaptive recipe at this target
-        return (*SEED_RECIPE[:1], f"algorithm.kl_ctrl.target_kl={target}", *SEED_RECIPE[2:])
+        key = "algorithm.kl_ctrl.target_kl="
+        return tuple(f"{key}{target}" if o.startswith(key) else o for o in SEED_RECIPE)
     return ("algorithm.kl_ctrl.type=pid", f"algorithm.kl_ctrl.target_kl={target}", "algorithm.kl_ctrl.kl_coef=0.05",
             "algorithm.kl_penalty=low_var_kl", "guard.enable=false")
 
@@ -89,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     for job in jobs:
         run = load_run(job.run_dir, job.label)
         per_run[job.label] = {key: summary_value(run, metric, how) for key, metric, how in FIGURES}
-        per_run[job.label]["guard_actions"] = sum(e.get("kind") != "warn" for e in run.events)
-        per_run[job.label]["steps"] = int(run.rows[-1]["step"]) if run.rows else 0
+        per_run[job.label]["guard_actions"] = run.action_count
+        per_run[job.label]["steps"] = run.steps
     result_file = out / "hacking.json"
     result = _merge(result_file, per_run, args.overrides)
     result_file.write_text(json.dumps(result, indent=1))

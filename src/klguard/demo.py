@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from klguard.config import load_config
+from klguard.errors import UserError
 from klguard.recipes import GUARDED_DEFAULT, VERL_DEFAULT
 from klguard.report import load_run, write_run_report
 from klguard.report.summary import text_table
@@ -32,8 +33,6 @@ def fresh_run_dir(path: Path) -> None:
     """Clear a previous demo/calibration run there (only a klguard run directory is ever removed)."""
     if path.exists():
         if not (path / "config.yaml").is_file():
-            from klguard.errors import UserError
-
             raise UserError(f"{path} exists and is not a klguard run directory; choose another --out")
         shutil.rmtree(path)
     log_file = path.with_name(path.name + ".log")

@@ -33,8 +33,9 @@ class Job:
 
 
 def default_parallel() -> int:
-    """One job per two cores (torch runs a job best with 1-2 threads at these sizes), at least one."""
-    return max(1, (os.cpu_count() or 1) // 2) if (os.cpu_count() or 1) >= 4 else (os.cpu_count() or 1)
+    """One job per two cores (torch runs a job best with 1-2 threads at these sizes); one per core below 4."""
+    cores = os.cpu_count() or 1
+    return cores // 2 if cores >= 4 else cores
 
 
 def _steps_done(job: Job) -> int:

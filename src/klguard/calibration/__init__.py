@@ -22,6 +22,7 @@ from klguard.config import load_config
 from klguard.demo import fresh_run_dir, prepare_builtin_policy
 from klguard.errors import ConfigError
 from klguard.report import load_run, write_run_report
+from klguard.report.summary import fmt
 from klguard.sweep import Job, default_parallel, run_jobs
 
 __all__ = ["run_calibration"]
@@ -83,9 +84,9 @@ def _write_report(runs, pairs, fit: Fit | None, rec: Recommendation, points: lis
     xs = [(kl ** 0.5, gain, label) for kl, gain, label in pairs]
     png = calibration_figure(xs, (fit.a, fit.b) if fit else None, rec.target_kl,
                              f"{metric} gain over step 0")
-    rows = "".join(f"<tr><td>{p.target_kl:g}</td><td>{_f(p.final_score)}</td><td>{_f(p.best_score)}</td>"
-                   f"<td>{_f(p.hacking_rate)}</td><td>{_f(p.mean_kl)}</td><td>{_f(p.final_kl)}</td>"
-                   f"<td>{_f(p.response_length)}</td></tr>" for p in points)
+    rows = "".join(f"<tr><td>{p.target_kl:g}</td><td>{fmt(p.final_score)}</td><td>{fmt(p.best_score)}</td>"
+                   f"<td>{fmt(p.hacking_rate)}</td><td>{fmt(p.mean_kl)}</td><td>{fmt(p.final_kl)}</td>"
+                   f"<td>{fmt(p.response_length)}</td></tr>" for p in points)
     table = ("<table><tr><th>target_kl</th><th>final score</th><th>best score</th><th>hacking rate</th>"
              f"<th>mean KL</th><th>final KL</th><th>length</th></tr>{rows}</table>")
     fit_text = ("no fit (fewer than 3 points)" if fit is None else
@@ -97,15 +98,11 @@ def _write_report(runs, pairs, fit: Fit | None, rec: Recommendation, points: lis
                             extra_sections=[("Calibration", body)])
 
 
-def _f(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
 def _print(points, fit, rec, command, metric, unit, gold, report) -> None:
     print(f"\n{'target_kl':>10}{'final':>9}{'best':>9}{'hacking':>9}{'mean KL':>10}{'final KL':>10}{'length':>8}")
     for p in points:
-        print(f"{p.target_kl:>10g}{_f(p.final_score):>9}{_f(p.best_score):>9}{_f(p.hacking_rate):>9}"
-              f"{_f(p.mean_kl):>10}{_f(p.final_kl):>10}{_f(p.response_length):>8}")
+        print(f"{p.target_kl:>10g}{fmt(p.final_score):>9}{fmt(p.best_score):>9}{fmt(p.hacking_rate):>9}"
+              f"{fmt(p.mean_kl):>10}{fmt(p.final_kl):>10}{fmt(p.response_length):>8}")
     print(f"score: {metric}; KL unit: {unit}")
     if not gold:
         print("note: no gold labels (hacking/rate absent): the recommendation uses the validation score named by "

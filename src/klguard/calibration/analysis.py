@@ -64,7 +64,7 @@ def summarize(run: RunRecord, target_kl: float, metric: str, kl_unit: str) -> Sw
         target_kl=target_kl, final_score=run.last(metric), best_score=run.best(metric),
         hacking_rate=run.mean_last(HACKING_METRIC, 10), mean_kl=sum(kl_values) / len(kl_values) if kl_values else None,
         final_kl=run.mean_last(KL_METRIC[kl_unit], 10), response_length=run.mean_last("response_length/mean", 10),
-        steps=int(run.rows[-1]["step"]) if run.rows else 0)
+        steps=run.steps)
 
 
 def fit_points(run: RunRecord, metric: str, kl_unit: str) -> list[tuple[float, float]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -102,8 +103,6 @@ def training_figure(runs: Sequence[RunRecord], smooth: int = 5) -> bytes:
 def calibration_figure(points: Sequence[tuple[float, float, str]], fit: tuple[float, float] | None,
                        recommended: float | None, ylabel: str) -> bytes:
     """Gold score against sqrt(KL), one colour per run, with the fitted R(d) = d (a - b ln d)."""
-    import math
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
     labels = sorted({p[2] for p in points}, key=lambda s: (len(s), s))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -28,8 +28,8 @@ def summary_table(runs: Sequence[RunRecord]) -> str:
     for label, metric, how in SUMMARY_ROWS:
         cells = "".join(f"<td>{_fmt(summary_value(r, metric, how))}</td>" for r in runs)
         body.append(f"<tr><td class=l>{html.escape(label)}</td>{cells}</tr>")
-    steps = "".join(f"<td>{r.rows[-1]['step'] if r.rows else 0}</td>" for r in runs)
-    actions = "".join(f"<td>{sum(e.get('kind') != 'warn' for e in r.events)}</td>" for r in runs)
+    steps = "".join(f"<td>{r.steps}</td>" for r in runs)
+    actions = "".join(f"<td>{r.action_count}</td>" for r in runs)
     body.append(f"<tr><td class=l>steps run</td>{steps}</tr><tr><td class=l>guard actions</td>{actions}</tr>")
     return f"<table><tr><th class=l>metric</th>{head}</tr>{''.join(body)}</table>"
 

@@ -40,6 +40,16 @@ class RunRecord:
         _, values = self.series(key)
         return max(values) if values else None
 
+    @property
+    def steps(self) -> int:
+        """The last step logged (0 for a run that logged none)."""
+        return int(self.rows[-1]["step"]) if self.rows else 0
+
+    @property
+    def action_count(self) -> int:
+        """Guard actions taken (warnings are not actions)."""
+        return sum(e.get("kind") != "warn" for e in self.events)
+
     def mean_last(self, key: str, n: int) -> float | None:
         """Mean of the last ``n`` values (rollout metrics are noisy: 64 samples a step)."""
         _, values = self.series(key)

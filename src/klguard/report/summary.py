@@ -35,12 +35,13 @@ def text_table(runs: Sequence[RunRecord]) -> str:
     width = max(12, *(len(r.label) + 2 for r in runs))
     lines = [f"{'metric':<34}" + "".join(f"{r.label:>{width}}" for r in runs)]
     for label, metric, how in SUMMARY_ROWS:
-        cells = "".join(f"{_fmt(summary_value(r, metric, how)):>{width}}" for r in runs)
+        cells = "".join(f"{fmt(summary_value(r, metric, how)):>{width}}" for r in runs)
         lines.append(f"{label:<34}{cells}")
-    actions = "".join(f"{sum(e.get('kind') != 'warn' for e in r.events):>{width}}" for r in runs)
+    actions = "".join(f"{r.action_count:>{width}}" for r in runs)
     lines.append(f"{'guard actions':<34}{actions}")
     return "\n".join(lines)
 
 
-def _fmt(value: float | None) -> str:
+def fmt(value: float | None) -> str:
+    """A figure to 4 significant digits, '-' when missing (shared by terminal tables)."""
     return "-" if value is None else f"{value:.4g}"
