@@ -41,7 +41,15 @@ from klguard.reward.manager import RewardManager
 from klguard.rollout import compute_logprobs, generate_rows
 from klguard.run_setup import build_datasets, build_optimizer, load_models, seed_everything, step_generator
 from klguard.run_state import RunState
-from klguard.update import NonFiniteError, PPOBatch, check_finite, critic_values, update_actor, update_critic
+from klguard.update import (
+    NonFiniteError,
+    PPOBatch,
+    check_finite,
+    critic_values,
+    critic_values_in_update,
+    update_actor,
+    update_critic,
+)
 from klguard.validation import score_rollout, validate_policy
 
 
@@ -154,12 +162,17 @@ class PPOTrainer:
             kl_metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta,
                           "actor/kl_seq_sum": kl_seq_sum}
 
-        # 5. values and advantages
-        values = None
+        # 5. values (with autograd when this forward is also the critic update's, see critic_values_in_update)
+        # and advantages
+        values = vpreds = None
+        critic_mini = cfg.critic.ppo_mini_batch_size * rollout_cfg.n // world
         if self.critic is not None:
-            with _timed(timing, "values"), torch.no_grad():
-                values = layout.gather(critic_values(self.critic, layout.local(input_ids),
-                                                     layout.local(attention_mask), mask.shape[1])) * mask
+            in_update = critic_values_in_update(cfg.critic, len(layout.index), critic_mini)
+            with _timed(timing, "values"), torch.set_grad_enabled(in_update):
+                self.critic.train(in_update)
+                local = critic_values(self.critic, layout.local(input_ids), layout.local(attention_mask), mask.shape[1])
+                values = layout.gather(local.detach()) * mask
+                vpreds = local if in_update else None
         with _timed(timing, "adv"):
             advantages, returns = compute_advantage(
                 cfg.algorithm.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, values=values,
@@ -170,14 +183,14 @@ class PPOTrainer:
         # 6. updates: critic first, the actor once the critic has warmed up
         batch = PPOBatch(input_ids, attention_mask, mask, out.old_logprobs, advantages, returns, values, ref_logprobs)
         batch = batch if world == 1 else batch.select(layout.index.to(mask.device))  # this rank's rollouts
+        batch.vpreds = vpreds
         update_metrics: dict[str, float] = {}
         nonfinite: list[str] = []  # loss terms or grad norms whose mini-batch was not applied
         gen = step_generator(cfg.trainer.seed, step, 1, torch.device("cpu"))
         if self.critic is not None:
             with _timed(timing, "update_critic"):
                 update_metrics |= update_critic(self.critic, self.critic_optim, batch, cfg.critic,
-                                                mini_batch_size=cfg.critic.ppo_mini_batch_size * rollout_cfg.n // world,
-                                                generator=gen, nonfinite=nonfinite)
+                                                mini_batch_size=critic_mini, generator=gen, nonfinite=nonfinite)
             self.critic_sched.step()
         if step >= cfg.trainer.critic_warmup:
             with _timed(timing, "update_actor"):

@@ -39,6 +39,7 @@ class PPOBatch:
     returns: Tensor  # [N, R]
     values: Tensor | None = None  # [N, R], critic's values at rollout time
     ref_logprobs: Tensor | None = None  # [N, R], for the KL loss
+    vpreds: Tensor | None = None  # [N, R], the critic's forward with its graph when it served as `values` too
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -62,6 +63,15 @@ def critic_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     out = critic(input_ids=input_ids, attention_mask=attention_mask,
                  position_ids=position_ids_from_mask(attention_mask), use_cache=False)
     return out.logits[:, -response_length - 1 : -1, 0].float()
+
+
+def critic_values_in_update(cfg: CriticConfig, rows: int, mini_batch_size: int) -> bool:
+    """True when the critic takes one optimizer step over all `rows` in one micro-batch (one epoch, one
+    mini-batch). Its weights are then the same at rollout time and in the update, so one forward with
+    autograd gives both the rollout-time values and the update's predictions (`PPOBatch.vpreds`); the
+    separate no-grad values pass, a whole forward of the critic, is saved. Numerics are unchanged."""
+    micro = cfg.ppo_micro_batch_size_per_gpu or mini_batch_size
+    return cfg.ppo_epochs == 1 and mini_batch_size >= rows and micro >= rows
 
 
 class NonFiniteError(Exception):
@@ -193,7 +203,8 @@ def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temper
 
 
 def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig) -> tuple[Tensor, dict[str, float]]:
-    vpreds = critic_values(critic, part.input_ids, part.attention_mask, part.response_length)
+    vpreds = part.vpreds if part.vpreds is not None else critic_values(critic, part.input_ids, part.attention_mask,
+                                                                       part.response_length)
     vf_loss, vf_clipfrac = compute_value_loss(vpreds, part.values, part.returns, part.response_mask,
                                               cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
     return vf_loss, {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item()}
@@ -202,9 +213,12 @@ def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig) -> 
 def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: CriticConfig, *,
                   mini_batch_size: int, generator: torch.Generator | None = None,
                   nonfinite: list[str] | None = None) -> dict[str, float]:
-    """One clipped value-function update over `batch`; returns verl-named critic metrics."""
+    """One clipped value-function update over `batch`; returns verl-named critic metrics. `batch.vpreds`, when
+    set, is the critic's forward the values came from (see `critic_values_in_update`): it is not recomputed."""
     if batch.values is None:
         raise ValueError("the critic update needs rollout-time values")
+    if batch.vpreds is not None and not critic_values_in_update(cfg, len(batch), mini_batch_size):
+        raise ValueError("batch.vpreds is only valid for one epoch of one mini-batch in one micro-batch")
     critic.train()
     acc = _run_updates(
         _optimized(optimizer), optimizer, batch,
