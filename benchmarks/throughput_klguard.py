@@ -5,9 +5,10 @@ Builds a `PPOTrainer` through the Python API from verl overrides and runs its or
 steps). After each step the progress hook reports the step's wall time and klguard's own
 `timing_s/*` phases to the driver, then waits for the next release (throughput_common.Gate).
 
-The KL guard is off by default, so its cost inside `fit` is nil; to measure what it would cost, a
-shadow `KLGuard` with `enable=true` observes every step's metrics and its time is reported apart
-(`guard_s`, not part of the step).
+The KL guard (on by default) is switched off inside `fit`: on these random-init models it would roll
+back and change the work, and TRL has none. To measure what it costs, a shadow `KLGuard` with
+`enable=true` observes every step's metrics and its time is reported apart (`guard_s`, not part of the
+step; the table prints it as a share of the step).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def overrides(spec: dict) -> list[str]:
         "actor_rollout_ref.actor.ppo_epochs=1", "proxy_reward.enable=false", "trainer.device=cpu",
         f"trainer.total_training_steps={spec['max_steps']}", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.val_before_train=false", f"trainer.default_local_dir={spec['run_dir']}", "trainer.resume_mode=disable",
-        "trainer.progress_bar=false", "trainer.logger=[jsonl]", f"trainer.seed={spec['seed']}",
+        "trainer.progress_bar=false", "trainer.logger=[jsonl]", f"trainer.seed={spec['seed']}", "guard.enable=false",
+        "trainer.report=false",
     ]
     if spec["algo"] == "ppo":  # GAE with a critic, KL in the reward (klguard's defaults)
         out += ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true"]

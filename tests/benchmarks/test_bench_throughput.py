@@ -22,7 +22,8 @@ def test_ppo_with_reward_model_counts_every_pass():
     flops = throughput.step_flops(w)
     tokens = 4 * 5
     assert flops == {"gen": 2 * 10 * tokens, "ref": 2 * 10 * tokens, "values": 2 * 9 * tokens,
-                     "reward": 2 * 8 * tokens, "update": 6 * 10 * tokens + 6 * 9 * tokens}
+                     "reward": 2 * 8 * tokens, "update": 6 * 10 * tokens + 4 * 9 * tokens}
+    assert flops["values"] + flops["update"] - 6 * 10 * tokens == 6 * 9 * tokens  # the critic: one forward+backward
 
 
 def test_grpo_with_rule_reward_has_no_critic_and_no_reward_model():
