@@ -34,6 +34,7 @@ from klguard.model.loading import (
     load_critic,
     load_policy,
     load_tokenizer,
+    precision_scope,
     resolve_model_path,
     resolve_tokenizer_path,
 )
@@ -119,7 +120,8 @@ class PPOTrainer:
         layout = RowLayout(len(rows), actor_cfg.ppo_mini_batch_size * rollout_cfg.n, self.dist.rank, world)
 
         # 2. rollout: sampled with the KV cache; old log-probs come from the same weights (unsharded for it)
-        with _timed(timing, "gen"), unsharded(self.actor, actor_cfg.fsdp_config.reshard_after_forward, timing):
+        with (_timed(timing, "gen"), unsharded(self.actor, actor_cfg.fsdp_config.reshard_after_forward, timing),
+              precision_scope(self.actor)):
             self.actor.eval()
             out = generate_rows(
                 self.actor, prompt_ids.to(self.device), prompt_mask.to(self.device), layout.index, layout.order,

@@ -8,6 +8,7 @@ from klguard.config import Config
 from klguard.data.dataset import RLDataset, collate_left_pad
 from klguard.distributed import even_slice, is_distributed
 from klguard.metrics import validation_metrics
+from klguard.model.loading import precision_scope
 from klguard.reward.manager import RewardManager, RewardOutput
 from klguard.rollout import RolloutBatch, generate_rows
 from klguard.run_setup import step_generator
@@ -38,10 +39,11 @@ def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, v
         part = rows[start : start + size]
         ids, pmask = collate_left_pad(part, tokenizer.pad_token_id)
         everyone = torch.arange(len(part))
-        out = generate_rows(model, ids.to(device), pmask.to(device), everyone[even_slice(len(part), rank, world)],
-                            everyone, max_new_tokens=cfg.data.max_response_length,
-                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                            temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
-                            generator=gen)
+        with precision_scope(model):
+            out = generate_rows(model, ids.to(device), pmask.to(device), everyone[even_slice(len(part), rank, world)],
+                                everyone, max_new_tokens=cfg.data.max_response_length,
+                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
+                                generator=gen)
         results.append((part, out, score_rollout(rewards, tokenizer, part, out)))
     return validation_metrics(results, kw.n)

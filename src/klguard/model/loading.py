@@ -4,6 +4,7 @@ AutoModelForCausalLM knows: Llama, Qwen2, Mistral, Gemma, GPT-2, ...). Weights a
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
@@ -127,7 +128,16 @@ def apply_precision(model: torch.nn.Module, dtype_name: str, device: torch.devic
     dtype = compute_dtype(dtype_name, device)
     if dtype is not None:
         model.forward = torch.autocast(device_type=device.type, dtype=dtype)(model.forward)
+        model.klguard_autocast = (device.type, dtype)
     return model
+
+
+def precision_scope(model: torch.nn.Module) -> AbstractContextManager:
+    """One autocast region around many forwards of `model` (a decode loop): autocast then casts its trainable
+    fp32 weights once and reuses them (its weight cache lives until the outermost region ends) instead of
+    casting every weight at every step. The same numbers; a no-op for fp32 models."""
+    found = getattr(model, "klguard_autocast", None)
+    return torch.autocast(device_type=found[0], dtype=found[1]) if found else nullcontext()
 
 
 def load_policy(path: Path, cfg: Config, *, trainable: bool, device: torch.device) -> torch.nn.Module:
