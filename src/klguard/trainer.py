@@ -39,14 +39,14 @@ from klguard.model.loading import (
     resolve_tokenizer_path,
 )
 from klguard.reward.manager import RewardManager
-from klguard.rollout import compute_logprobs, generate_rows
+from klguard.rollout import generate_rows
 from klguard.run_setup import build_datasets, build_optimizer, load_models, seed_everything, step_generator
 from klguard.run_state import RunState
+from klguard.shared_prefix import sequence_logprobs, sequence_values
 from klguard.update import (
     NonFiniteError,
     PPOBatch,
     check_finite,
-    critic_values,
     critic_values_in_update,
     update_actor,
     update_critic,
@@ -117,6 +117,7 @@ class PPOTrainer:
         group_index = torch.arange(len(rows)) // rollout_cfg.n
         prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
         world = self.dist.world_size  # this rank's share of every mini-batch; identity for one process
+        share = cfg.actor_rollout_ref.model.share_prompt_forward  # groups' prompts once per forward (n > 1)
         layout = RowLayout(len(rows), actor_cfg.ppo_mini_batch_size * rollout_cfg.n, self.dist.rank, world)
 
         # 2. rollout: sampled with the KV cache; old log-probs come from the same weights (unsharded for it)
@@ -146,9 +147,9 @@ class PPOTrainer:
         token_rewards = token_scores
         if self.ref is not None:
             with _timed(timing, "ref"), torch.no_grad():
-                ref_logprobs = layout.gather(compute_logprobs(
+                ref_logprobs = layout.gather(sequence_logprobs(
                     self.ref, layout.local(input_ids), layout.local(attention_mask), mask.shape[1],
-                    rollout_cfg.temperature,
+                    rollout_cfg.temperature, share_prompt=share,
                     micro_batch_size=cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu))
             kl = kl_penalty(out.old_logprobs, ref_logprobs, cfg.algorithm.kl_penalty)
             check_finite({"ref_log_probs": ref_logprobs, "kl": kl}, mask)  # before the controller sees it
@@ -172,7 +173,8 @@ class PPOTrainer:
             in_update = critic_values_in_update(cfg.critic, len(layout.index), critic_mini)
             with _timed(timing, "values"), torch.set_grad_enabled(in_update):
                 self.critic.train(in_update)
-                local = critic_values(self.critic, layout.local(input_ids), layout.local(attention_mask), mask.shape[1])
+                local = sequence_values(self.critic, layout.local(input_ids), layout.local(attention_mask),
+                                        mask.shape[1], share_prompt=share)
                 values = layout.gather(local.detach()) * mask
                 vpreds = local if in_update else None
         with _timed(timing, "adv"):
@@ -192,14 +194,16 @@ class PPOTrainer:
         if self.critic is not None:
             with _timed(timing, "update_critic"):
                 update_metrics |= update_critic(self.critic, self.critic_optim, batch, cfg.critic,
-                                                mini_batch_size=critic_mini, generator=gen, nonfinite=nonfinite)
+                                                mini_batch_size=critic_mini, generator=gen, nonfinite=nonfinite,
+                                                share_prompt=share)
             self.critic_sched.step()
         if step >= cfg.trainer.critic_warmup:
             with _timed(timing, "update_actor"):
                 update_metrics |= update_actor(self.actor, self.actor_optim, batch, actor_cfg,
                                                mini_batch_size=actor_cfg.ppo_mini_batch_size * rollout_cfg.n // world,
                                                temperature=rollout_cfg.temperature, generator=gen,
-                                               grad_clip=self.actor_grad_clip, nonfinite=nonfinite)
+                                               grad_clip=self.actor_grad_clip, nonfinite=nonfinite,
+                                               share_prompt=share)
             update_metrics["actor/grad_clip"] = self.actor_grad_clip
             self.actor_sched.step()
             self.apply_lr_scale()

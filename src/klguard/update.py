@@ -24,7 +24,8 @@ from klguard.algo.kl import kl_penalty
 from klguard.algo.loss import agg_loss, compute_policy_loss, compute_value_loss
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.distributed import any_rank, is_distributed, reduce_means
-from klguard.rollout import compute_logprobs, position_ids_from_mask
+from klguard.rollout import position_ids_from_mask
+from klguard.shared_prefix import sequence_logprobs, sequence_values
 
 
 @dataclass
@@ -157,12 +158,14 @@ def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: 
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: ActorConfig, *,
                  mini_batch_size: int, temperature: float, generator: torch.Generator | None = None,
-                 grad_clip: float | None = None, nonfinite: list[str] | None = None) -> dict[str, float]:
-    """One PPO policy update over `batch`; returns verl-named actor metrics (see _run_updates for `nonfinite`)."""
+                 grad_clip: float | None = None, nonfinite: list[str] | None = None,
+                 share_prompt: bool = False) -> dict[str, float]:
+    """One PPO policy update over `batch`; returns verl-named actor metrics (see _run_updates for `nonfinite`).
+    `share_prompt`: a micro-batch's groups of identical prompts run their prompt once (klguard.shared_prefix)."""
     model.train()
     acc = _run_updates(
         _optimized(optimizer), optimizer, batch,
-        lambda part: _actor_loss(model, part, cfg, temperature), epochs=cfg.ppo_epochs,
+        lambda part: _actor_loss(model, part, cfg, temperature, share_prompt), epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size,
         shuffle=cfg.shuffle, grad_clip=cfg.grad_clip if grad_clip is None else grad_clip, generator=generator,
         prefix="actor", nonfinite=nonfinite)
@@ -171,11 +174,12 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
     return metrics
 
 
-def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temperature: float
+def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temperature: float, share_prompt: bool
                 ) -> tuple[Tensor, dict[str, float]]:
     # entropy through autograd only when it is in the loss: its backward runs a softmax over the vocabulary
-    logprobs, entropy = compute_logprobs(model, part.input_ids, part.attention_mask, part.response_length,
-                                         temperature, return_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
+    logprobs, entropy = sequence_logprobs(model, part.input_ids, part.attention_mask, part.response_length,
+                                          temperature, share_prompt=share_prompt, return_entropy=True,
+                                          entropy_grad=cfg.entropy_coeff != 0)
     mask = part.response_mask
     out = compute_policy_loss(
         part.old_logprobs, logprobs, part.advantages, mask, clip_ratio=cfg.clip_ratio,
@@ -202,9 +206,10 @@ def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temper
     return loss, stats
 
 
-def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig) -> tuple[Tensor, dict[str, float]]:
-    vpreds = part.vpreds if part.vpreds is not None else critic_values(critic, part.input_ids, part.attention_mask,
-                                                                       part.response_length)
+def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig, share_prompt: bool
+                 ) -> tuple[Tensor, dict[str, float]]:
+    vpreds = part.vpreds if part.vpreds is not None else sequence_values(
+        critic, part.input_ids, part.attention_mask, part.response_length, share_prompt=share_prompt)
     vf_loss, vf_clipfrac = compute_value_loss(vpreds, part.values, part.returns, part.response_mask,
                                               cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
     return vf_loss, {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item()}
@@ -212,7 +217,7 @@ def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig) -> 
 
 def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: CriticConfig, *,
                   mini_batch_size: int, generator: torch.Generator | None = None,
-                  nonfinite: list[str] | None = None) -> dict[str, float]:
+                  nonfinite: list[str] | None = None, share_prompt: bool = False) -> dict[str, float]:
     """One clipped value-function update over `batch`; returns verl-named critic metrics. `batch.vpreds`, when
     set, is the critic's forward the values came from (see `critic_values_in_update`): it is not recomputed."""
     if batch.values is None:
@@ -222,7 +227,8 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
     critic.train()
     acc = _run_updates(
         _optimized(optimizer), optimizer, batch,
-        lambda part: _critic_loss(critic, part, cfg), epochs=cfg.ppo_epochs, mini_batch_size=mini_batch_size,
+        lambda part: _critic_loss(critic, part, cfg, share_prompt), epochs=cfg.ppo_epochs,
+        mini_batch_size=mini_batch_size,
         micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size, shuffle=cfg.shuffle,
         grad_clip=cfg.grad_clip, generator=generator, prefix="critic", nonfinite=nonfinite)
     metrics = reduce_means(acc)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from klguard import shared_prefix
 from klguard.cli import main
 
 REQUIRED_METRICS = [
@@ -88,3 +89,32 @@ def test_eval_reproduces_the_final_validation(fast_overrides, tmp_path, capsys):
     assert float(printed[key]) == pytest.approx(final[key], abs=1e-4)
     assert float(printed["val-aux/klguard/arith/hacking_rate/mean@1"]) == pytest.approx(
         final["val-aux/klguard/arith/hacking_rate/mean@1"], abs=1e-4)
+
+
+def test_grpo_with_shared_prompt_forwards_trains_like_the_plain_forwards(fast_overrides, tmp_path, monkeypatch):
+    """rollout.n=4: the reference, actor (and here a critic too) run each prompt once per group; three steps
+    give the same metrics as full forwards, up to float rounding."""
+    runs, calls = {}, {"true": 0, "false": 0}
+    real = shared_prefix.shared_prefix_forward
+    for share in ("true", "false"):
+        def counted(*args, share=share, **kwargs):
+            calls[share] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(shared_prefix, "shared_prefix_forward", counted)
+        run = tmp_path / f"share_{share}"
+        code = main(["train", *fast_overrides, f"trainer.default_local_dir={run}", "trainer.total_training_steps=3",
+                     "trainer.save_freq=-1", "trainer.val_before_train=false", "algorithm.adv_estimator=grpo",
+                     "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.use_kl_loss=true",
+                     "algorithm.use_kl_in_reward=false", "critic.enable=true",
+                     f"actor_rollout_ref.model.share_prompt_forward={share}", "guard.enable=false"])
+        assert code == 0
+        runs[share] = _records(run)
+    keys = ["actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "critic/vf_loss",
+            "critic/values/mean", "response_length/mean", "critic/score/mean"]
+    assert len(runs["true"]) == len(runs["false"]) == 3
+    assert calls["false"] == 0 and calls["true"] >= 3 * 3  # reference, values and actor forwards, every step
+    for shared, plain in zip(runs["true"], runs["false"], strict=True):
+        for key in keys:
+            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), (plain["step"], key)

@@ -68,6 +68,10 @@ class ModelConfig:
         False, "Recompute activations in backward (verl: true; off because the demo model is tiny)"
     )
     custom_chat_template: str | None = opt(None, "A Jinja chat template replacing the tokenizer's")
+    share_prompt_forward: bool = opt(
+        True, "Run each group's identical prompt once in the reference, actor and critic forwards (rollout.n > 1; "
+        "the same numbers up to float rounding)"
+    )
 
 
 @dataclass

@@ -1,0 +1,181 @@
+"""Shared-prompt forwards for GRPO-style batches: each prompt's positions are computed once per group.
+
+In a GRPO batch every prompt is repeated ``n`` times in consecutive rows (identical left-padded prompt part),
+followed by a different right-padded response per row. Attention is causal, so the prompt positions' hidden
+states are the same for every row of a group. ``shared_prefix_forward`` therefore runs the model twice:
+
+1. on the ``G`` unique prompts ``[G, P]``, filling a ``transformers.DynamicCache`` (under autograd when grad is
+   enabled) and keeping only the last prompt position's output;
+2. on the responses ``[B, R - 1]`` of all ``B`` rows, with a second cache whose every layer holds the prompt
+   keys/values repeated to the rows of each group (``index_select``, whose backward sums the rows of a group,
+   so gradients reach the prompt pass exactly as in one full forward).
+
+The last response token is never an input: only outputs at positions ``-R-1 .. -2`` of ``prompt + response``
+are returned, exactly those ``klguard.rollout.compute_logprobs`` and ``klguard.update.critic_values`` read.
+The model is called through its own ``forward`` (its head, autocast wrapper and dropout apply as usual), so one
+code path serves a causal LM (``.logits`` ``[.., V]``) and a token-classification critic (``.logits`` ``[.., 1]``).
+
+Supported: models whose forward takes a cache argument (``cache`` or ``past_key_values``) and whose
+``DynamicCache(config=...)`` has only plain full-attention ``DynamicLayer`` layers (Llama, Qwen2, Mistral
+without sliding window, GPT-2, ...). ``unsupported_reason`` says why a model is not; the forwards raise
+``ValueError`` with that reason. Gradient checkpointing is refused while grad is enabled in training mode:
+transformers then drops the cache inside the layers, which would silently cut the responses off their prompts.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor
+
+from klguard.rollout import _entropy, _forward_kwargs, compute_logprobs, position_ids_from_mask
+
+__all__ = ["prompt_groups", "sequence_logprobs", "sequence_values", "shared_prefix_forward",
+           "shared_prefix_logprobs", "shared_prefix_values", "unsupported_reason"]
+
+
+def prompt_groups(input_ids: Tensor, attention_mask: Tensor, prompt_length: int) -> Tensor | None:
+    """Run lengths ``[G]`` (long, summing to ``B``) of consecutive rows whose first ``prompt_length`` columns
+    (ids and mask) are identical; ``None`` when no run is longer than one row (nothing to share)."""
+    ids, mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
+    bsz = ids.shape[0]
+    if bsz < 2 or prompt_length < 1:
+        return None
+    same = (ids[1:] == ids[:-1]).all(-1) & (mask[1:] == mask[:-1]).all(-1)
+    if not bool(same.any()):
+        return None
+    starts = torch.cat([same.new_ones(1), ~same]).nonzero().squeeze(-1)
+    return torch.diff(starts, append=starts.new_tensor([bsz]))
+
+
+def _new_cache(model: torch.nn.Module) -> object:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def unsupported_reason(model: torch.nn.Module, *, with_grad: bool | None = None) -> str | None:
+    """Why ``shared_prefix_forward`` cannot run ``model`` (``None``: it can).
+
+    ``with_grad``: whether the forward will be under autograd (default: the current grad mode); it matters only
+    for gradient checkpointing, which is refused when the model is in training mode and grad is on."""
+    with_grad = torch.is_grad_enabled() if with_grad is None else with_grad
+    params = inspect.signature(type(model).forward).parameters
+    if "cache" not in params and "past_key_values" not in params:
+        return f"{type(model).__name__}.forward takes no cache argument"
+    try:
+        from transformers.cache_utils import DynamicLayer
+
+        layers = _new_cache(model).layers
+    except (ImportError, AttributeError, TypeError, ValueError, KeyError) as exc:
+        return f"no per-layer DynamicCache for {type(model).__name__} ({type(exc).__name__}: {exc})"
+    odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    if odd:
+        return f"cache layers other than full-attention DynamicLayer: {', '.join(odd)}"
+    if with_grad and model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+        return "gradient checkpointing is on (transformers drops the KV cache under it)"
+    return None
+
+
+def shared_prefix_forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
+                          groups: Tensor) -> Tensor:
+    """``model(input_ids, attention_mask).logits`` at positions ``-R-1 .. -2`` (``[B, R, C]``, the model's dtype),
+    computing the prompt part once per group of ``groups`` (see ``prompt_groups``); grad follows the caller's mode.
+
+    ``input_ids``/``attention_mask`` are ``[B, P + R]``: left-padded prompt, then the response
+    (``R = response_length``). Position ids come from the mask as in ``klguard.rollout``."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"shared-prefix forward unsupported: {reason}")
+    bsz, total = input_ids.shape
+    R = response_length
+    P = total - R
+    if R < 1 or P < 1:
+        raise ValueError(f"need a prompt and a response: {total} columns, response_length={R}")
+    dev = input_ids.device
+    groups = groups.to(device=dev, dtype=torch.long)
+    if groups.ndim != 1 or bool((groups < 1).any()) or int(groups.sum()) != bsz:
+        raise ValueError(f"groups must be positive run lengths summing to the batch size {bsz}")
+    starts = groups.cumsum(0) - groups  # first row of each group
+    row_group = torch.repeat_interleave(torch.arange(len(groups), device=dev), groups, output_size=bsz)
+    pos = position_ids_from_mask(attention_mask)
+    cache_kw, keep_kw = _forward_kwargs(type(model))
+    keep = {keep_kw: 1} if keep_kw is not None else {}
+
+    cache = _new_cache(model)
+    out = model(input_ids=input_ids[starts, :P], attention_mask=attention_mask[starts, :P],
+                position_ids=pos[starts, :P], use_cache=True, **{cache_kw: cache}, **keep)
+    if cache.get_seq_length() != P:
+        raise ValueError(f"{type(model).__name__} did not fill the KV cache; the shared-prefix forward cannot run it")
+    head = out.logits[:, -1:].index_select(0, row_group)  # output at the last prompt position, per row
+    if R == 1:
+        return head
+
+    expanded = _new_cache(model)
+    for idx, layer in enumerate(cache.layers):
+        expanded.update(layer.keys.index_select(0, row_group), layer.values.index_select(0, row_group), idx)
+    rest = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, P:-1],
+                 use_cache=True, **{cache_kw: expanded}).logits
+    return torch.cat([head, rest], dim=1)
+
+
+def shared_prefix_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
+                           groups: Tensor | None, temperature: float = 1.0, return_entropy: bool = False,
+                           entropy_grad: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+    """``klguard.rollout.compute_logprobs`` (same return contract: fp32 ``[B, R]`` log-probs of
+    ``log_softmax(logits / temperature)`` at the response tokens, and the entropy when ``return_entropy``)
+    with the prompt computed once per group; ``groups=None`` runs ``compute_logprobs`` itself."""
+    if groups is None:
+        return compute_logprobs(model, input_ids, attention_mask, response_length, temperature,
+                                return_entropy=return_entropy, entropy_grad=entropy_grad)
+    logits = shared_prefix_forward(model, input_ids, attention_mask, response_length, groups).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -response_length:, None]).squeeze(-1)
+    if not return_entropy:
+        return logprobs
+    return logprobs, _entropy(logits if entropy_grad else logits.detach())
+
+
+def shared_prefix_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
+                         groups: Tensor | None) -> Tensor:
+    """``klguard.update.critic_values`` (fp32 ``[B, R]``: the one-label outputs at positions ``-R-1 .. -2``)
+    with the prompt computed once per group; ``groups=None`` runs ``critic_values`` itself."""
+    if groups is None:
+        from klguard.update import critic_values  # deferred: update may import this module
+
+        return critic_values(critic, input_ids, attention_mask, response_length)
+    return shared_prefix_forward(critic, input_ids, attention_mask, response_length, groups)[..., 0].float()
+
+
+def _groups_for(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
+                share: bool) -> Tensor | None:
+    """The rows' prompt groups when sharing is asked for, pays (a run longer than one row) and `model` supports it."""
+    if not share:
+        return None
+    groups = prompt_groups(input_ids, attention_mask, input_ids.shape[1] - response_length)
+    return groups if groups is not None and unsupported_reason(model) is None else None
+
+
+def sequence_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
+                      temperature: float = 1.0, *, micro_batch_size: int | None = None, share_prompt: bool = True,
+                      return_entropy: bool = False, entropy_grad: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+    """Response log-probs (and entropy) as ``compute_logprobs``, one forward per micro-batch; with
+    ``share_prompt`` each micro-batch's groups of identical prompts run their prompt once (same numbers up to
+    float rounding), otherwise, or when nothing is shared or the model is not supported, the plain forward."""
+    mbs = micro_batch_size or len(input_ids)
+    parts = [shared_prefix_logprobs(model, ids, mask, response_length,
+                                    _groups_for(model, ids, mask, response_length, share_prompt), temperature,
+                                    return_entropy=return_entropy, entropy_grad=entropy_grad)
+             for ids, mask in zip(input_ids.split(mbs), attention_mask.split(mbs), strict=True)]
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat(parts) if not return_entropy else tuple(torch.cat(xs) for xs in zip(*parts, strict=True))
+
+
+def sequence_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int, *,
+                    share_prompt: bool = True) -> Tensor:
+    """The critic's values as ``critic_values``, the prompt computed once per group when ``share_prompt``."""
+    groups = _groups_for(critic, input_ids, attention_mask, response_length, share_prompt)
+    return shared_prefix_values(critic, input_ids, attention_mask, response_length, groups)
