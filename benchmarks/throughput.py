@@ -22,9 +22,10 @@ Each contender is a worker process (klguard in this interpreter, TRL in benchmar
 stops after every step until the driver releases it; the contenders of a pairing are released in
 turn, A B A B ..., so both see the same load. Figures: median seconds per step after the warm-up
 steps, generated tokens/s, the share of each phase, peak RSS, the speedup (TRL s / klguard s), and
-a ceiling: the FLOPs the step needs (2N per token for a forward, 6N for forward+backward, N the
-matmul parameters of each model involved, attention ignored: under 3% here) over this machine's
-matmul FLOP/s measured in the same run; efficiency = ceiling time / measured time. Scaling: klguard
+a ceiling: the FLOPs klguard's step does (2N per token for a forward, 6N for forward+backward, N the
+matmul parameters of each model involved, attention ignored: under 3% here; a group's shared prompt
+counts once, see step_flops) over the best matmul FLOP/s this machine showed in the same run (measured
+at the start, before each setting and at the end); efficiency = ceiling time / measured time. Scaling: klguard
 PPO step time at response lengths 32/64/128 and at 32/64/128 rollouts a step.
 
 Writes benchmarks/results/throughput.json and prints a table.
@@ -72,25 +73,30 @@ class Work:
     n_value: int  # of the critic (policy body + a one-output head)
     n_rm: int  # of the reward model
     rollouts: int
-    tokens: float  # per sequence: prompt + response
+    prompt_tokens: float  # per sequence
+    response_tokens: float
+    group: int = 1  # rollouts per prompt; klguard runs a group's prompt once in every policy/critic forward
+
+    @property
+    def policy_tokens(self) -> float:
+        """Tokens per rollout through the policy, reference and critic: a group's prompt counts once."""
+        return self.prompt_tokens / self.group + self.response_tokens
 
 
 def step_flops(w: Work) -> dict[str, float]:
     """FLOPs per phase of one step as klguard runs it: a forward costs 2N per token, a forward and
     backward 6N. The old log-probs come from the sampling forwards, and the critic's values from its
     update's forward (one epoch, one mini-batch: klguard.update.critic_values_in_update), so neither
-    costs an extra pass: the critic's 6N is split as 2N in `values` and 4N (the backward) in `update`."""
-    per_token = w.rollouts * w.tokens
-    flops = {"gen": 2 * w.n_policy * per_token, "ref": 0.0, "values": 0.0, "reward": 0.0,
-             "update": 6 * w.n_policy * per_token}
+    costs an extra pass: the critic's 6N is split as 2N in `values` and 4N (the backward) in `update`.
+    The reward model reads every rollout whole (it re-renders prompt and response with its own template)."""
+    per_token = w.rollouts * w.policy_tokens
+    flops = {"gen": 2 * w.n_policy * per_token, "ref": 2 * w.n_policy * per_token, "values": 0.0, "reward": 0.0,
+             "update": 6 * w.n_policy * per_token}  # ref: KL in the reward (ppo) or the KL loss (grpo)
     if w.algo == "ppo":
-        flops["ref"] = 2 * w.n_policy * per_token  # KL in the reward
         flops["values"] = 2 * w.n_value * per_token
         flops["update"] += 4 * w.n_value * per_token  # the critic's backward
-    else:
-        flops["ref"] = 2 * w.n_policy * per_token  # KL loss
     if w.reward == "model":
-        flops["reward"] = 2 * w.n_rm * per_token
+        flops["reward"] = 2 * w.n_rm * w.rollouts * (w.prompt_tokens + w.response_tokens)
     return flops
 
 
@@ -285,7 +291,7 @@ def ceiling(assets: dict, workload: str, s: Setting, peak: dict[str, float], rol
             response_length: int) -> dict:
     folders = assets["workloads"][workload]
     work = Work(s.algo, s.reward, folders["n_policy"], folders["n_value"], folders["n_rm"], rollouts,
-                assets["prompt_tokens_mean"] + response_length)
+                assets["prompt_tokens_mean"], response_length, GROUP if s.algo == "grpo" else 1)
     flops = step_flops(work)
     total = sum(flops.values())
     return {"flops": total, "flops_by_phase": flops, "ceiling_s": total / peak[s.dtype]}

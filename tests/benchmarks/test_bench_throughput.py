@@ -18,7 +18,8 @@ _spec.loader.exec_module(throughput)
 
 
 def test_ppo_with_reward_model_counts_every_pass():
-    w = throughput.Work("ppo", "model", n_policy=10, n_value=9, n_rm=8, rollouts=4, tokens=5)
+    w = throughput.Work("ppo", "model", n_policy=10, n_value=9, n_rm=8, rollouts=4, prompt_tokens=2,
+                        response_tokens=3)
     flops = throughput.step_flops(w)
     tokens = 4 * 5
     assert flops == {"gen": 2 * 10 * tokens, "ref": 2 * 10 * tokens, "values": 2 * 9 * tokens,
@@ -27,10 +28,20 @@ def test_ppo_with_reward_model_counts_every_pass():
 
 
 def test_grpo_with_rule_reward_has_no_critic_and_no_reward_model():
-    w = throughput.Work("grpo", "rule", n_policy=10, n_value=9, n_rm=8, rollouts=4, tokens=5)
+    w = throughput.Work("grpo", "rule", n_policy=10, n_value=9, n_rm=8, rollouts=4, prompt_tokens=2,
+                        response_tokens=3)
     flops = throughput.step_flops(w)
     assert flops == {"gen": 400, "ref": 400, "values": 0.0, "reward": 0.0, "update": 1200}
     assert sum(flops.values()) == 10 * 10 * 20  # 2N gen + 2N ref + 6N update per token
+
+
+def test_a_groups_prompt_counts_once_except_in_the_reward_model():
+    w = throughput.Work("grpo", "model", n_policy=10, n_value=9, n_rm=8, rollouts=8, prompt_tokens=4,
+                        response_tokens=3, group=4)
+    flops = throughput.step_flops(w)
+    assert w.policy_tokens == 1 + 3
+    assert flops["ref"] == 2 * 10 * 8 * 4 and flops["update"] == 6 * 10 * 8 * 4
+    assert flops["reward"] == 2 * 8 * 8 * 7
 
 
 def test_matmul_params_are_the_linear_weights():
