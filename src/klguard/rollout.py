@@ -2,7 +2,8 @@
 
 ``generate`` runs a manual decode loop over any Hugging Face causal LM (its own ``DynamicCache``),
 handling left-padded prompts via explicit ``position_ids`` so a padded row behaves exactly like the
-same prompt alone. ``compute_logprobs`` recomputes response log-probs with one forward pass.
+same prompt alone. Runs of identical consecutive prompts (GRPO groups) are prefilled once and their
+cache rows copied. ``compute_logprobs`` recomputes response log-probs with one forward pass.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from torch import Tensor
 
 from klguard.distributed import gather_rows, is_distributed
 
-__all__ = ["RolloutBatch", "compute_logprobs", "filter_logits", "generate", "generate_rows", "position_ids_from_mask"]
+__all__ = ["RolloutBatch", "compute_logprobs", "filter_logits", "generate", "generate_rows", "position_ids_from_mask",
+           "prompt_runs", "run_rows"]
+
+
+# Prefill each run of identical consecutive prompts once (results as without, up to float rounding);
+# switched off only by tests comparing both paths.
+_SHARE_PREFILL = True
 
 
 @dataclass
@@ -72,6 +79,16 @@ def _prealloc_layer_cls() -> type:
             self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
             return self.keys, self.values
 
+        def reorder_cache(self, beam_idx: Tensor) -> None:
+            """Rows ``beam_idx`` of the cache (any count, repeats allowed); the buffers keep their capacity."""
+            if self.is_initialized:
+                idx = beam_idx.to(self._k.device)
+                self._k = self._k.new_empty(len(idx), *self._k.shape[1:])
+                self._v = self._v.new_empty(len(idx), *self._v.shape[1:])
+                self._k[:, :, : self.length] = self.keys.index_select(0, idx)
+                self._v[:, :, : self.length] = self.values.index_select(0, idx)
+                self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+
     return PreallocLayer
 
 
@@ -88,6 +105,25 @@ def _new_cache(model: torch.nn.Module, capacity: int) -> object:
         layer_cls = _prealloc_layer_cls()
         cache.layers = [layer_cls(capacity) for _ in layers]
     return cache
+
+
+def prompt_runs(prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor | None:
+    """Lengths ``[G]`` (summing to ``B``) of the runs of identical consecutive prompts (ids and mask), as GRPO
+    groups come; None when no two consecutive rows are equal (nothing to share)."""
+    if prompt_ids.shape[0] < 2 or prompt_ids.shape[1] < 1:
+        return None
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(-1) & (prompt_mask[1:] == prompt_mask[:-1]).all(-1)
+    if not bool(same.any()):
+        return None
+    starts = torch.cat([same.new_ones(1), ~same]).nonzero().squeeze(-1)
+    return torch.diff(starts, append=starts.new_tensor([prompt_ids.shape[0]]))
+
+
+def run_rows(lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """For run lengths ``[G]``: the first row of each run ``[G]`` and the run of each row ``[B]``."""
+    starts = lengths.cumsum(0) - lengths
+    return starts, torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths,
+                                           output_size=int(lengths.sum()))
 
 
 def position_ids_from_mask(mask: Tensor) -> Tensor:
@@ -219,8 +255,17 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
     cache = _new_cache(model, plen + R)
     pick = functools.partial(_pick, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                              generator=generator, rows=sample_rows)
-    logits = _forward_logits(model, prompt_ids, None if attn is None else prompt_mask,
-                             position_ids_from_mask(prompt_mask), 1, cache)
+    # Identical consecutive prompts (GRPO groups) are prefilled once, then their cache rows are copied.
+    layers = getattr(cache, "layers", None) or ()
+    runs = None
+    if _SHARE_PREFILL and layers and all(isinstance(x, _prealloc_layer_cls()) for x in layers):
+        lengths = prompt_runs(prompt_ids, prompt_mask)
+        runs = None if lengths is None else run_rows(lengths)
+    ids, pmask = (prompt_ids, prompt_mask) if runs is None else (prompt_ids[runs[0]], prompt_mask[runs[0]])
+    logits = _forward_logits(model, ids, None if attn is None else pmask, position_ids_from_mask(pmask), 1, cache)
+    if runs is not None:
+        cache.reorder_cache(runs[1])
+        logits = logits[runs[1]]
     for t in range(R):
         tok, lp = pick(logits[:, -1])
         response[:, t] = tok.masked_fill_(~alive, pad_token_id)

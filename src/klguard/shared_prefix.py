@@ -29,7 +29,7 @@ import inspect
 import torch
 from torch import Tensor
 
-from klguard.rollout import _entropy, _forward_kwargs, compute_logprobs, position_ids_from_mask
+from klguard.rollout import _entropy, _forward_kwargs, compute_logprobs, position_ids_from_mask, prompt_runs, run_rows
 
 __all__ = ["prompt_groups", "sequence_logprobs", "sequence_values", "shared_prefix_forward",
            "shared_prefix_logprobs", "shared_prefix_values", "unsupported_reason"]
@@ -38,15 +38,7 @@ __all__ = ["prompt_groups", "sequence_logprobs", "sequence_values", "shared_pref
 def prompt_groups(input_ids: Tensor, attention_mask: Tensor, prompt_length: int) -> Tensor | None:
     """Run lengths ``[G]`` (long, summing to ``B``) of consecutive rows whose first ``prompt_length`` columns
     (ids and mask) are identical; ``None`` when no run is longer than one row (nothing to share)."""
-    ids, mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
-    bsz = ids.shape[0]
-    if bsz < 2 or prompt_length < 1:
-        return None
-    same = (ids[1:] == ids[:-1]).all(-1) & (mask[1:] == mask[:-1]).all(-1)
-    if not bool(same.any()):
-        return None
-    starts = torch.cat([same.new_ones(1), ~same]).nonzero().squeeze(-1)
-    return torch.diff(starts, append=starts.new_tensor([bsz]))
+    return prompt_runs(input_ids[:, :prompt_length], attention_mask[:, :prompt_length])
 
 
 def _new_cache(model: torch.nn.Module) -> object:
@@ -97,8 +89,7 @@ def shared_prefix_forward(model: torch.nn.Module, input_ids: Tensor, attention_m
     groups = groups.to(device=dev, dtype=torch.long)
     if groups.ndim != 1 or bool((groups < 1).any()) or int(groups.sum()) != bsz:
         raise ValueError(f"groups must be positive run lengths summing to the batch size {bsz}")
-    starts = groups.cumsum(0) - groups  # first row of each group
-    row_group = torch.repeat_interleave(torch.arange(len(groups), device=dev), groups, output_size=bsz)
+    starts, row_group = run_rows(groups)  # the first row of each group, the group of each row
     pos = position_ids_from_mask(attention_mask)
     cache_kw, keep_kw = _forward_kwargs(type(model))
     keep = {keep_kw: 1} if keep_kw is not None else {}
