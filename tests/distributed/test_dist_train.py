@@ -104,3 +104,19 @@ def test_a_failing_rank_stops_every_rank(dist_base, tmp_path):
     assert "injected failure on rank 1 at step 2" in proc.stderr
     assert len(_records(tmp_path / "run")) < 50  # rank 0 did not train on alone
     assert time.monotonic() - started < 60  # start-up, one step, then down (a hang would wait 30 minutes)
+
+
+def test_grpo_groups_with_shared_prompt_forwards_match_one_rank(dist_base, tmp_path):
+    """rollout.n=4 with the shared-prompt forwards (the default): each rank holds whole groups and runs their
+    prompts once through the sharded actor, reference and critic; 2 ranks give the one-process numbers."""
+    grpo = [*dist_base, "trainer.total_training_steps=2", "trainer.save_freq=-1", "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
+            "algorithm.adv_estimator=grpo", "critic.enable=true", "actor_rollout_ref.actor.use_kl_loss=true",
+            "guard.enable=false"]
+    runs = {}
+    for name, cmd in (("one", TRAIN), ("two", TORCHRUN)):
+        runs[name] = tmp_path / name
+        proc = run(cmd, grpo, runs[name])
+        assert proc.returncode == 0, why(proc)
+    _assert_same_metrics(runs["one"], runs["two"], range(1, 3))
+    assert _records(runs["two"])[2]["actor/kl_loss"] > 0
