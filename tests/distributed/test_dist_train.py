@@ -108,11 +108,15 @@ def test_a_failing_rank_stops_every_rank(dist_base, tmp_path):
 
 def test_grpo_groups_with_shared_prompt_forwards_match_one_rank(dist_base, tmp_path):
     """rollout.n=4 with the shared-prompt forwards (the default): each rank holds whole groups and runs their
-    prompts once through the sharded actor, reference and critic; 2 ranks give the one-process numbers."""
+    prompts once through the sharded actor, reference and critic; 2 ranks give the one-process numbers. The
+    critic takes one step over the whole batch in one micro-batch, so its values come from the update's forward
+    (sharded: the forward with autograd, then collectives for the advantages, then its backward); its loss is a
+    mean over sequences, so one micro-batch of 16 rows and two ranks of 8 weigh every row alike."""
     grpo = [*dist_base, "trainer.total_training_steps=2", "trainer.save_freq=-1", "data.train_batch_size=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
             "algorithm.adv_estimator=grpo", "critic.enable=true", "actor_rollout_ref.actor.use_kl_loss=true",
-            "guard.enable=false"]
+            "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=null",
+            "critic.loss_agg_mode=seq-mean-token-mean", "guard.enable=false"]
     runs = {}
     for name, cmd in (("one", TRAIN), ("two", TORCHRUN)):
         runs[name] = tmp_path / name
