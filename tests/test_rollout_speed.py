@@ -159,3 +159,19 @@ def test_preallocated_layer_reorder_keeps_writing_into_its_buffer() -> None:
     idx = torch.tensor([0, 0, 1])
     assert torch.equal(keys, torch.cat([k[idx], k1], dim=2)) and torch.equal(values, torch.cat([v[idx], v1], dim=2))
     assert layer._k.shape == (3, 3, 5, 4) and layer.get_seq_length() == 3
+
+
+def test_preallocated_layer_row_and_length_edits_keep_its_buffer_in_step() -> None:
+    layer = ro._prealloc_layer_cls()(capacity=6)
+    k, v = torch.randn(2, 3, 3, 4), torch.randn(2, 3, 3, 4)
+    layer.update(k, v)
+    layer.batch_repeat_interleave(2)
+    assert torch.equal(layer.keys, k.repeat_interleave(2, 0)) and layer._k.shape[0] == 4
+    layer.batch_select_indices(torch.tensor([3, 0]))
+    assert torch.equal(layer.values, v[[1, 0]])
+    layer.crop(-1)
+    assert layer.get_seq_length() == 2
+    k1, v1 = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+    keys, _ = layer.update(k1, v1)  # written right after the kept tokens, into the layer's own buffer
+    assert torch.equal(keys, torch.cat([k[[1, 0], :, :2], k1], dim=2))
+    assert keys.data_ptr() == layer._k.data_ptr()

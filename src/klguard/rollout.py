@@ -89,6 +89,19 @@ def _prealloc_layer_cls() -> type:
                 self._v[:, :, : self.length] = self.values.index_select(0, idx)
                 self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
+        # the other row/length edits of DynamicLayer, kept in step with the buffers (klguard itself uses none)
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.is_initialized:
+                self.reorder_cache(torch.arange(self._k.shape[0], device=self._k.device).repeat_interleave(repeats))
+
+        def batch_select_indices(self, indices: Tensor) -> None:
+            self.reorder_cache(indices)
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)
+            if self.is_initialized:
+                self.length = self.keys.shape[-2]
+
     return PreallocLayer
 
 
