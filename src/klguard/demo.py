@@ -22,10 +22,11 @@ DEMO_RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 
 def prepare_builtin_policy(config, log) -> None:
-    """Train (or find cached) the built-in SFT policy once, before child runs would race to build it."""
+    """Build (or find cached) the built-in tokenizer and SFT policy once, before child runs would race to."""
     if config.actor_rollout_ref.model.path.startswith("builtin://"):
-        from klguard.sft import ensure_sft_policy
+        from klguard.sft import ensure_builtin_tokenizer, ensure_sft_policy
 
+        ensure_builtin_tokenizer(config.sft)
         ensure_sft_policy(config.sft, form=config.data.builtin_form, log=log)
 
 

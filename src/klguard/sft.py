@@ -51,9 +51,23 @@ def ensure_builtin_tokenizer(cfg: SFTConfig) -> Path:
     if not (out / "tokenizer_config.json").is_file():
         tmp = out.with_name(out.name + f".partial-{os.getpid()}")
         build_char_tokenizer().save_pretrained(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        _publish(tmp, out, "tokenizer_config.json")
     return out
+
+
+def _publish(tmp: Path, out: Path, marker: str, *, replace: bool = False) -> None:
+    """Rename the finished cache folder `tmp` to `out` (atomic). Builds are deterministic, so when another process
+    (e.g. the other run of `klguard demo`) published a complete `out` first, its folder is kept and `tmp`
+    dropped; an incomplete `out` (a crash mid-copy of an older klguard) is replaced, a complete one only when
+    `replace` (sft --force)."""
+    if out.exists() and (replace or not (out / marker).is_file()):
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if not (out / marker).is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def ensure_sft_policy(cfg: SFTConfig, *, form: str = "a+b-c", force: bool = False, log=print) -> Path:
@@ -66,9 +80,7 @@ def ensure_sft_policy(cfg: SFTConfig, *, form: str = "a+b-c", force: bool = Fals
     shutil.rmtree(tmp, ignore_errors=True)
     metrics = run_sft(cfg, tmp, form=form, log=log)
     (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=1))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    _publish(tmp, out, "sft_metrics.json", replace=force)
     return out
 
 
