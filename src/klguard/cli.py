@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     evaluate = sub.add_parser("eval", help="gold score and hacking rate of a checkpoint on the validation split",
                               epilog=EPILOG)
-    evaluate.add_argument("checkpoint", metavar="CHECKPOINT", help="a global_step_N/ folder or an HF model folder")
+    evaluate.add_argument("checkpoint", metavar="CHECKPOINT",
+                          help="a run directory (its latest checkpoint), a global_step_N/ folder (HF or sharded) or "
+                          "an HF model folder")
     _add_config_args(evaluate)
     export = sub.add_parser("export", help="write a checkpoint's policy as one plain HF folder (safetensors)")
     export.add_argument("checkpoint", metavar="CHECKPOINT",

@@ -75,6 +75,17 @@ def test_sharded_checkpoint_layout_and_export(two_ranks, tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
+def test_eval_reads_a_sharded_checkpoint(two_ranks, dist_base, capsys):
+    """`klguard eval` on a DCP checkpoint (shards merged on one process) reproduces the run's final validation."""
+    from klguard.cli import main
+
+    capsys.readouterr()
+    assert main(["eval", str(two_ranks / "global_step_4"), *dist_base]) == 0
+    printed = dict(line.split() for line in capsys.readouterr().out.splitlines())
+    key = "val-core/klguard/arith/acc/mean@1"
+    assert float(printed[key]) == pytest.approx(_records(two_ranks)[4][key], abs=1e-4)
+
+
 def _cut_back(src: Path, dst: Path, step: int) -> Path:
     """A copy of run `src` as if it had stopped after checkpoint `step`."""
     shutil.copytree(src, dst)
