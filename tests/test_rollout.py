@@ -15,13 +15,7 @@ VOCAB, PAD, EOS = 24, 0, 2
 EOS_SET = [2, 5, 7, 11]  # several EOS ids so a random model finishes rows early
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread avoids OpenMP barrier spinning when the CPUs are shared (>10x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,7 @@ PAD, EOS = 0, 2
 EOS_SET = [2, 5, 9, 14]  # several EOS ids so rows of a random model finish early
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread avoids OpenMP barrier spinning when the CPUs are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ transformers then drops the cache inside the layers, which would silently cut th
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 from torch import Tensor
@@ -47,24 +48,41 @@ def _new_cache(model: torch.nn.Module) -> object:
     return DynamicCache(config=model.config)
 
 
+_CACHE_REASONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cache_reason(model: torch.nn.Module) -> str | None:
+    """Whether `model`'s forward and cache layers support the shared forward: fixed for a model's life, so worked
+    out once per model (it builds a cache; the forwards ask at every micro-batch)."""
+    if model not in _CACHE_REASONS:
+        params = inspect.signature(type(model).forward).parameters
+        reason = None
+        if "cache" not in params and "past_key_values" not in params:
+            reason = f"{type(model).__name__}.forward takes no cache argument"
+        else:
+            try:
+                from transformers.cache_utils import DynamicLayer
+
+                layers = _new_cache(model).layers
+            except (ImportError, AttributeError, TypeError, ValueError, KeyError) as exc:
+                reason = f"no per-layer DynamicCache for {type(model).__name__} ({type(exc).__name__}: {exc})"
+            else:
+                odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+                if odd:
+                    reason = f"cache layers other than full-attention DynamicLayer: {', '.join(odd)}"
+        _CACHE_REASONS[model] = reason
+    return _CACHE_REASONS[model]
+
+
 def unsupported_reason(model: torch.nn.Module, *, with_grad: bool | None = None) -> str | None:
     """Why ``shared_prefix_forward`` cannot run ``model`` (``None``: it can).
 
     ``with_grad``: whether the forward will be under autograd (default: the current grad mode); it matters only
     for gradient checkpointing, which is refused when the model is in training mode and grad is on."""
+    reason = _cache_reason(model)
+    if reason is not None:
+        return reason
     with_grad = torch.is_grad_enabled() if with_grad is None else with_grad
-    params = inspect.signature(type(model).forward).parameters
-    if "cache" not in params and "past_key_values" not in params:
-        return f"{type(model).__name__}.forward takes no cache argument"
-    try:
-        from transformers.cache_utils import DynamicLayer
-
-        layers = _new_cache(model).layers
-    except (ImportError, AttributeError, TypeError, ValueError, KeyError) as exc:
-        return f"no per-layer DynamicCache for {type(model).__name__} ({type(exc).__name__}: {exc})"
-    odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
-    if odd:
-        return f"cache layers other than full-attention DynamicLayer: {', '.join(odd)}"
     if with_grad and model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
         return "gradient checkpointing is on (transformers drops the KV cache under it)"
     return None
