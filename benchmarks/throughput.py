@@ -17,6 +17,10 @@ Pairings, equal work (see throughput_klguard.py and throughput_trl.py for the se
   fp32, and bf16 on the small workload where the CPU has bf16 instructions;
 - grpo: klguard GRPO with the KL loss (0.04, k3) vs `trl.GRPOTrainer` with beta=0.04, 16 prompts x 4;
 - ppo_rule: klguard PPO with the rule reward instead of the reward model (TRL's PPO cannot take one).
+Every pairing runs klguard twice: with its default eager decode loop (`klguard`), and with
+`actor_rollout_ref.rollout.enforce_eager=false` (`klguard-compiled`: the decode step compiled over a
+static KV cache; the compile happens in the warm-up steps); --no-compiled leaves the second out. TRL
+runs with its defaults (no torch_compile, generation through `model.generate` with a dynamic cache).
 
 Each contender is a worker process (klguard in this interpreter, TRL in benchmarks/.venv-trl) that
 stops after every step until the driver releases it; the contenders of a pairing are released in
@@ -60,6 +64,7 @@ WORKLOADS = {
 MAX_POSITIONS = 256  # prompts of ~13 characters plus up to 128 sampled tokens
 ROLLOUTS, GROUP, RESPONSE_LENGTH = 64, 4, 32
 PHASES = ("gen", "old_logprob", "ref", "values", "reward", "update", "other")
+COMPILED = "klguard-compiled"  # klguard with actor_rollout_ref.rollout.enforce_eager=false
 
 
 # ----------------------------------------------------------------------------- the ceiling
@@ -298,8 +303,11 @@ def ceiling(assets: dict, workload: str, s: Setting, peak: dict[str, float], rol
 
 
 def run_setting(args, assets: dict, trl_python: str | None, workload: str, s: Setting, peak: dict[str, float], *,
-                rollouts: int = ROLLOUTS, response_length: int = RESPONSE_LENGTH, warmup: int, steps: int) -> dict:
+                rollouts: int = ROLLOUTS, response_length: int = RESPONSE_LENGTH, warmup: int, steps: int,
+                compiled: bool = False) -> dict:
     contenders = [("klguard", sys.executable, "throughput_klguard.py")]
+    if compiled:  # klguard again with rollout.enforce_eager=false (the decode step compiled)
+        contenders.append((COMPILED, sys.executable, "throughput_klguard.py"))
     if s.with_trl and trl_python is not None:
         contenders.append(("trl", trl_python, "throughput_trl.py"))
     started = time.perf_counter()
@@ -311,6 +319,7 @@ def run_setting(args, assets: dict, trl_python: str | None, workload: str, s: Se
         for name, python, script in contenders:  # one start-up at a time: they would compete for the cores
             spec = make_spec(assets, workload, s, name, rollouts=rollouts, response_length=response_length,
                              max_steps=warmup + steps, threads=args.threads)
+            spec["compile_decode"] = name == COMPILED
             workers.append(Worker(name, python, script, spec, args.threads))
             workers[-1].read("ready")
         result["load_1min_per_round"] = run_alternating(workers, warmup + steps)
@@ -323,10 +332,10 @@ def run_setting(args, assets: dict, trl_python: str | None, workload: str, s: Se
         summary = summarise(w, warmup, rollouts, response_length)
         summary["efficiency"] = result["ceiling_s"] / summary["s_per_step"]
         result["contenders"][w.name] = summary
-    if "trl" in result["contenders"]:
-        ours, theirs = result["contenders"]["klguard"]["s_per_step"], result["contenders"]["trl"]["s_per_step"]
-        result["time_ratio_klguard_over_trl"] = ours / theirs
-        result["speedup_vs_trl"] = theirs / ours
+    if "trl" in result["contenders"]:  # TRL s / klguard s, for each klguard contender
+        theirs = result["contenders"]["trl"]["s_per_step"]
+        result["speedup_vs_trl"] = {name: theirs / c["s_per_step"] for name, c in result["contenders"].items()
+                                    if name != "trl"}
     result["elapsed_s"] = time.perf_counter() - started
     return result
 
@@ -355,7 +364,7 @@ def run_scaling(args, assets: dict, peak: dict[str, float], workload: str, warmu
 
 # ----------------------------------------------------------------------------- report
 def table(results: list[dict]) -> str:
-    head = (f"{'workload':<8}{'setting':<10}{'dtype':<6}{'contender':<10}{'s/step':>8}{'tok/s':>8}"
+    head = (f"{'workload':<8}{'setting':<10}{'dtype':<6}{'contender':<17}{'s/step':>8}{'tok/s':>8}"
             + "".join(f"{p[:6]:>7}" for p in PHASES)
             + f"{'RSS MiB':>9}{'ceil s':>8}{'eff':>7}{'guard':>7}{'speedup':>9}")
     lines = [head, "-" * len(head)]
@@ -363,8 +372,9 @@ def table(results: list[dict]) -> str:
         if "error" in r:
             lines.append(f"{r['workload']:<8}{r['setting']:<10}{r['dtype']:<6}failed: {r['error'].splitlines()[0]}")
         for name, c in r["contenders"].items():
-            speedup = f"{r['speedup_vs_trl']:.2f}x" if name == "klguard" and "speedup_vs_trl" in r else ""
-            lines.append(f"{r['workload']:<8}{r['setting']:<10}{r['dtype']:<6}{name:<10}{c['s_per_step']:>8.3f}"
+            speedup = r.get("speedup_vs_trl", {}).get(name)
+            speedup = f"{speedup:.2f}x" if speedup else ""
+            lines.append(f"{r['workload']:<8}{r['setting']:<10}{r['dtype']:<6}{name:<17}{c['s_per_step']:>8.3f}"
                          f"{c['tokens_per_s']:>8.0f}" + "".join(f"{100 * c['phase_share'][p]:>6.0f}%" for p in PHASES)
                          + f"{c['peak_rss_mib']:>9.0f}{r['ceiling_s']:>8.3f}{100 * c['efficiency']:>6.0f}%"
                          + (f"{100 * c['guard_s'] / c['s_per_step']:>6.2f}%" if "guard_s" in c else f"{'':>7}")
@@ -416,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-trl", action="store_true", help="klguard only (no TRL venv)")
     ap.add_argument("--no-scaling", action="store_true")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 pairing")
+    ap.add_argument("--no-compiled", action="store_true",
+                    help=f"skip the {COMPILED} contender (rollout.enforce_eager=false)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
@@ -454,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{workload} {s.name} {s.dtype}: klguard{' vs TRL' if s.with_trl and trl_python else ''}", flush=True)
         measure_peak(peak, report, s.dtype)
-        results.append(run_setting(args, assets, trl_python, workload, s, peak, warmup=warmup, steps=steps))
+        results.append(run_setting(args, assets, trl_python, workload, s, peak, warmup=warmup, steps=steps,
+                                   compiled=not args.no_compiled))
         save()
     if not args.no_scaling:
         report["scaling"] = run_scaling(args, assets, peak, "tiny" if args.quick else "small", 1,

@@ -48,6 +48,8 @@ def overrides(spec: dict) -> list[str]:
                 "actor_rollout_ref.actor.kl_loss_type=low_var_kl"]
     if spec["reward"] == "model":
         out += ["reward_model.enable=true", f"reward_model.model.path={spec['rm']}"]
+    if spec.get("compile_decode"):
+        out.append("actor_rollout_ref.rollout.enforce_eager=false")
     if spec["dtype"] == "bf16":
         out += ["actor_rollout_ref.actor.fsdp_config.dtype=bfloat16", "critic.model.fsdp_config.dtype=bfloat16"]
     return out

@@ -9,13 +9,14 @@ cache rows copied. ``compute_logprobs`` recomputes response log-probs with one f
 from __future__ import annotations
 
 import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from klguard.compiled_decode import capacity_for, compiled_decoder
 from klguard.distributed import gather_rows, is_distributed
+from klguard.model.forward_args import forward_args
 
 __all__ = ["RolloutBatch", "compute_logprobs", "filter_logits", "generate", "generate_rows", "position_ids_from_mask",
            "prompt_runs", "run_rows"]
@@ -46,15 +47,6 @@ class RolloutBatch:
     def attention_mask(self) -> Tensor:
         """Mask matching :attr:`input_ids`."""
         return torch.cat([self.prompt_mask, self.response_mask.to(self.prompt_mask.dtype)], dim=1)
-
-
-@functools.cache
-def _forward_kwargs(model_cls: type) -> tuple[str, str | None]:
-    """Names of the cache argument and of the logits-slicing argument of ``model_cls.forward``."""
-    params = inspect.signature(model_cls.forward).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"
-    keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
-    return cache_kw, keep_kw
 
 
 @functools.cache
@@ -147,7 +139,7 @@ def position_ids_from_mask(mask: Tensor) -> Tensor:
 def _forward_logits(model: torch.nn.Module, ids: Tensor, mask: Tensor | None, pos: Tensor, keep: int,
                     cache: object | None = None) -> Tensor:
     """Logits of the last ``keep`` positions (only those go through the LM head when supported)."""
-    cache_kw, keep_kw = _forward_kwargs(type(model))
+    cache_kw, keep_kw, _ = forward_args(type(model))
     kwargs: dict = {"attention_mask": mask, "position_ids": pos, "use_cache": cache is not None}
     if cache is not None:
         kwargs[cache_kw] = cache
@@ -207,11 +199,13 @@ def _pick(logits: Tensor, greedy: bool, temperature: float, top_k: int, top_p: f
 def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
              eos_token_id: int | list[int], pad_token_id: int, temperature: float = 1.0, top_k: int = -1,
              top_p: float = 1.0, do_sample: bool = True, ignore_eos: bool = False,
-             generator: torch.Generator | None = None, sample_rows: tuple[Tensor, int] | None = None
-             ) -> RolloutBatch:
+             generator: torch.Generator | None = None, sample_rows: tuple[Tensor, int] | None = None,
+             compile_step: bool = False) -> RolloutBatch:
     """Sample up to ``max_new_tokens`` per left-padded prompt using the model's KV cache.
 
     ``sample_rows`` (see ``_sample``): the prompts are these rows of a larger batch split over ranks.
+    ``compile_step``: decode with the compiled step over a static cache (``klguard.compiled_decode``; falls back
+    to the eager loop where it cannot run).
 
     ``do_sample=False`` or ``temperature <= 0`` is greedy. The decode loop runs under
     ``torch.inference_mode``; the returned tensors are ordinary (cloned outside it) so the trainer
@@ -219,7 +213,7 @@ def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, *,
     """
     with torch.inference_mode():
         out = _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
-                      temperature, top_k, top_p, do_sample, ignore_eos, generator, sample_rows)
+                      temperature, top_k, top_p, do_sample, ignore_eos, generator, sample_rows, compile_step)
     response, resp_mask, logprobs = (t.clone() for t in out)
     return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, logprobs, resp_mask.sum(-1))
 
@@ -247,7 +241,8 @@ def generate_rows(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tenso
 def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: int,
             eos_token_id: int | list[int], pad_token_id: int, temperature: float, top_k: int, top_p: float,
             do_sample: bool, ignore_eos: bool, generator: torch.Generator | None,
-            sample_rows: tuple[Tensor, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+            sample_rows: tuple[Tensor, int] | None = None, compile_step: bool = False
+            ) -> tuple[Tensor, Tensor, Tensor]:
     """The KV-cache decode loop; returns ``(response_ids, response_mask, old_logprobs)``."""
     bsz, plen = prompt_ids.shape
     dev = prompt_ids.device
@@ -265,19 +260,30 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
     # Position of response token t is (#valid prompt tokens + t); precomputed so steps only slice.
     resp_pos = prompt_mask.long().sum(-1, keepdim=True) + torch.arange(R, device=dev)
     alive = torch.ones(bsz, dtype=torch.bool, device=dev)
-    cache = _new_cache(model, plen + R)
+    # The compiled step (rollout.enforce_eager=false) decodes over a static cache the prefill is copied into.
+    decoder = compiled_decoder(model) if compile_step else None
+    cache = _new_cache(model, plen if decoder is not None else plen + R)
     pick = functools.partial(_pick, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                              generator=generator, rows=sample_rows)
     # Identical consecutive prompts (GRPO groups) are prefilled once, then their cache rows are copied.
     layers = getattr(cache, "layers", None) or ()
+    prealloc = bool(layers) and all(isinstance(x, _prealloc_layer_cls()) for x in layers)
     runs = None
-    if _SHARE_PREFILL and layers and all(isinstance(x, _prealloc_layer_cls()) for x in layers):
+    if _SHARE_PREFILL and prealloc:
         lengths = prompt_runs(prompt_ids, prompt_mask)
         runs = None if lengths is None else run_rows(lengths)
     ids, pmask = (prompt_ids, prompt_mask) if runs is None else (prompt_ids[runs[0]], prompt_mask[runs[0]])
     logits = _forward_logits(model, ids, None if attn is None else pmask, position_ids_from_mask(pmask), 1, cache)
-    if runs is not None:
+    static = None
+    if decoder is not None and prealloc:
+        capacity = capacity_for(plen, R)
+        static = decoder.load(cache, None if runs is None else runs[1], bsz, capacity)
+        static_mask = torch.ones(bsz, capacity, dtype=prompt_mask.dtype, device=dev)
+        static_mask[:, :plen] = prompt_mask
+        cache_positions = torch.arange(plen, plen + R, device=dev)
+    elif runs is not None:
         cache.reorder_cache(runs[1])
+    if runs is not None:
         logits = logits[runs[1]]
     for t in range(R):
         tok, lp = pick(logits[:, -1])
@@ -288,7 +294,10 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
             alive &= ~torch.isin(tok, eos)
             if not alive.any():
                 break
-        if t + 1 < R:
+        if t + 1 < R and static is not None:
+            logits = decoder.step(response[:, t : t + 1], static_mask, resp_pos[:, t : t + 1],
+                                  cache_positions[t : t + 1], static)
+        elif t + 1 < R:
             mask = None if attn is None else attn[:, : plen + t + 1]
             logits = _forward_logits(model, response[:, t : t + 1], mask, resp_pos[:, t : t + 1], 1, cache)
     return response, resp_mask, logprobs

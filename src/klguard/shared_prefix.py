@@ -30,7 +30,8 @@ import weakref
 import torch
 from torch import Tensor
 
-from klguard.rollout import _entropy, _forward_kwargs, compute_logprobs, position_ids_from_mask, prompt_runs, run_rows
+from klguard.model.forward_args import forward_args
+from klguard.rollout import _entropy, compute_logprobs, position_ids_from_mask, prompt_runs, run_rows
 
 __all__ = ["prompt_groups", "sequence_logprobs", "sequence_values", "shared_prefix_forward",
            "shared_prefix_logprobs", "shared_prefix_values", "unsupported_reason"]
@@ -109,7 +110,7 @@ def shared_prefix_forward(model: torch.nn.Module, input_ids: Tensor, attention_m
         raise ValueError(f"groups must be positive run lengths summing to the batch size {bsz}")
     starts, row_group = run_rows(groups)  # the first row of each group, the group of each row
     pos = position_ids_from_mask(attention_mask)
-    cache_kw, keep_kw = _forward_kwargs(type(model))
+    cache_kw, keep_kw, _ = forward_args(type(model))
     keep = {keep_kw: 1} if keep_kw is not None else {}
 
     cache = _new_cache(model)

@@ -129,7 +129,8 @@ class PPOTrainer:
                 max_new_tokens=cfg.data.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id, temperature=rollout_cfg.temperature,
                 top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, do_sample=rollout_cfg.do_sample,
-                ignore_eos=rollout_cfg.ignore_eos, generator=step_generator(cfg.trainer.seed, step, 0, self.device))
+                ignore_eos=rollout_cfg.ignore_eos, generator=step_generator(cfg.trainer.seed, step, 0, self.device),
+                compile_step=not rollout_cfg.enforce_eager)
         mask = out.response_mask.float()
         input_ids, attention_mask = out.input_ids, out.attention_mask
         check_finite({"old_log_probs": out.old_logprobs}, mask)  # NaN here or below: fit() skips the step

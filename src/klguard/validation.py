@@ -44,6 +44,6 @@ def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, v
                                 everyone, max_new_tokens=cfg.data.max_response_length,
                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                 temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
-                                generator=gen)
+                                generator=gen, compile_step=not cfg.actor_rollout_ref.rollout.enforce_eager)
         results.append((part, out, score_rollout(rewards, tokenizer, part, out)))
     return validation_metrics(results, kw.n)

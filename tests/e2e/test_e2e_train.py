@@ -118,3 +118,34 @@ def test_grpo_with_shared_prompt_forwards_trains_like_the_plain_forwards(fast_ov
     for shared, plain in zip(runs["true"], runs["false"], strict=True):
         for key in keys:
             assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), (plain["step"], key)
+
+
+def test_compiled_decode_trains_like_the_eager_loop(fast_overrides, tmp_path, monkeypatch):
+    """rollout.enforce_eager=false: rollouts and validation decode through the compiled step and sample the
+    same tokens, so two steps give the eager run's metrics up to float rounding."""
+    from klguard import compiled_decode
+
+    torch._dynamo.reset()
+    steps = {"true": 0, "false": 0}
+    real = compiled_decode.CompiledDecoder.step
+    runs = {}
+    for eager in ("true", "false"):
+        def counted(self, *args, eager=eager, **kwargs):
+            steps[eager] += 1
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(compiled_decode.CompiledDecoder, "step", counted)
+        run = tmp_path / f"eager_{eager}"
+        assert main(["train", *fast_overrides, f"trainer.default_local_dir={run}", "trainer.total_training_steps=2",
+                     "trainer.save_freq=-1", "trainer.test_freq=2", "guard.enable=false",
+                     f"actor_rollout_ref.rollout.enforce_eager={eager}"]) == 0
+        runs[eager] = _records(run)
+    assert steps["true"] == 0 and steps["false"] > 2 * 15  # every decode step of two rollouts and validations
+    keys = ["actor/pg_loss", "actor/ppo_kl", "critic/vf_loss", "response_length/mean", "critic/score/mean",
+            "val-core/klguard/arith/acc/mean@1"]
+    assert len(runs["true"]) == len(runs["false"]) == 3
+    for compiled, plain in zip(runs["false"], runs["true"], strict=True):
+        for key in keys:
+            if key in plain:
+                assert compiled[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), (plain["step"], key)
+    torch._dynamo.reset()

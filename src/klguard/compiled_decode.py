@@ -1,0 +1,138 @@
+"""The rollout's one-token decode step compiled with ``torch.compile`` over a transformers ``StaticCache``
+(``actor_rollout_ref.rollout.enforce_eager=false``; verl's switch for vLLM's CUDA graphs).
+
+An eager decode step of a small model is mostly per-operation overhead (hundreds of small kernels and the
+Python around them for a few matrix products); compiled, the elementwise work is fused and the Python runs
+once per step. The prompt is still prefilled eagerly (its length changes every batch); its keys and values are
+then copied into a static cache whose shape is fixed for the rollout, so every decode step has the same shapes
+and the compiled graph is reused. One compile per (rows, bucketed length, dtype) the run meets: seconds for
+small models; ``torch._dynamo``'s recompile limit bounds how many, past it dynamo runs the step eagerly.
+
+A model it cannot serve (a cache other than plain full attention, no ``cache_position`` argument, a sharded
+model under ``torch.distributed``) or a compile that fails (no C++ compiler, an unsupported operation)
+falls back to the eager loop with one warning; the tokens do not depend on which path ran, up to float
+rounding of the logits.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+
+import torch
+from torch import Tensor
+
+from klguard.distributed import is_distributed
+from klguard.model.forward_args import forward_args
+
+__all__ = ["CompiledDecoder", "capacity_for", "compiled_decoder"]
+
+log = logging.getLogger(__name__)
+
+# Static cache lengths are rounded up to a multiple of this, so prompts of slightly different lengths
+# (every batch's longest prompt differs) share one compiled graph.
+LENGTH_BUCKET = 32
+
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_REFUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> reason, warned once
+
+
+def capacity_for(prompt_length: int, response_length: int) -> int:
+    """Static cache length for a rollout: prompt plus response, rounded up to ``LENGTH_BUCKET``."""
+    need = prompt_length + response_length
+    return -(-need // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why the compiled decode step cannot serve ``model`` (None: it can)."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    if is_distributed():
+        return "torch.distributed is initialised (sharded models decode eagerly)"
+    if not getattr(model, "_can_compile_fullgraph", False):
+        return f"{type(model).__name__} does not declare torch.compile support"
+    try:
+        layers = StaticCache(config=model.config, max_cache_len=LENGTH_BUCKET).layers
+    except Exception as exc:  # any config transformers cannot build a static cache for
+        return f"no static cache for this config ({exc})"
+    if not all(type(layer) is StaticLayer for layer in layers):
+        return "its cache has layers other than full attention (sliding window, ...)"
+    return None
+
+
+class CompiledDecoder:
+    """One model's compiled decode step and its static caches, one per (rows, length, dtype)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = weakref.ref(model)  # the registry is keyed weakly by the model
+        self._caches: dict[tuple, object] = {}
+        self.eager_reason: str | None = None  # set when compiling failed; the step then runs eagerly
+
+    def load(self, prefill: object, rows: Tensor | None, batch: int, capacity: int) -> object:
+        """A static cache of ``batch`` rows and ``capacity`` positions holding the prompt keys and values of
+        ``prefill`` (a filled ``DynamicCache``): its row ``rows[i]`` becomes row ``i`` (all rows in order when
+        None). The cache is reused by later rollouts of the same shape."""
+        from transformers import StaticCache
+
+        first = prefill.layers[0].keys
+        key = (batch, capacity, first.dtype, first.device)
+        cache = self._caches.get(key)
+        if cache is None:
+            model = self._model()
+            cache = StaticCache(config=model.config, max_cache_len=capacity)
+            cache.early_initialization(batch, [layer.keys.shape[1] for layer in prefill.layers],
+                                       [layer.keys.shape[-1] for layer in prefill.layers], first.dtype, first.device)
+            self._caches[key] = cache
+        plen = first.shape[-2]
+        for static, filled in zip(cache.layers, prefill.layers, strict=True):
+            keys, values = filled.keys, filled.values
+            if rows is not None:
+                keys, values = keys.index_select(0, rows), values.index_select(0, rows)
+            static.keys[:, :, :plen].copy_(keys)
+            static.values[:, :, :plen].copy_(values)
+            static.keys[:, :, plen:].zero_()
+            static.values[:, :, plen:].zero_()
+            static.cumulative_length.fill_(plen)
+        return cache
+
+    def step(self, ids: Tensor, mask: Tensor, pos: Tensor, cache_position: Tensor, cache: object) -> Tensor:
+        """Logits ``[B, 1, V]`` of the next token after ``ids`` (``[B, 1]``); ``mask`` is the whole ``[B, capacity]``
+        attention mask, ``cache_position`` the one-element position being written."""
+        model = self._model()
+        cache_kw, _, takes_position = forward_args(type(model))
+        kwargs = {cache_kw: cache, "cache_position": cache_position} if takes_position else {cache_kw: cache}
+        if self.eager_reason is None:
+            try:
+                return _compiled_step()(model, ids, mask, pos, kwargs)
+            except Exception as exc:  # compiler missing or unsupported op: the eager step is exact
+                first_line = (str(exc).strip().splitlines() or [""])[0]
+                self.eager_reason = f"{type(exc).__name__}: {first_line}"[:300]
+                log.warning("klguard: compiling the decode step failed (%s); decoding eagerly", self.eager_reason)
+        return _step(model, ids, mask, pos, kwargs)
+
+
+def _step(model: torch.nn.Module, ids: Tensor, mask: Tensor, pos: Tensor, cache_kwargs: dict) -> Tensor:
+    return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                 **cache_kwargs).logits
+
+
+@functools.cache
+def _compiled_step():
+    """``_step`` under ``torch.compile``: one graph per (model, shapes, dtype) it meets, guarded by dynamo."""
+    return torch.compile(_step, dynamic=False)
+
+
+def compiled_decoder(model: torch.nn.Module) -> CompiledDecoder | None:
+    """The model's ``CompiledDecoder`` (built once), or None, with one warning, when it cannot have one."""
+    decoder = _DECODERS.get(model)
+    if decoder is not None or model in _REFUSED:
+        return decoder
+    reason = unsupported_reason(model)
+    if reason is not None:
+        _REFUSED[model] = reason
+        log.warning("klguard: rollout.enforce_eager=false has no effect for this model: %s", reason)
+        return None
+    decoder = _DECODERS[model] = CompiledDecoder(model)
+    return decoder
