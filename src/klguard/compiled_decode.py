@@ -1,9 +1,10 @@
 """The rollout's one-token decode step compiled with ``torch.compile`` over a transformers ``StaticCache``
 (``actor_rollout_ref.rollout.enforce_eager=false``; verl's switch for vLLM's CUDA graphs).
 
-An eager decode step of a small model is mostly per-operation overhead (hundreds of small kernels and the
-Python around them for a few matrix products); compiled, the elementwise work is fused and the Python runs
-once per step. The prompt is still prefilled eagerly (its length changes every batch); its keys and values are
+An eager decode step of a very small model is mostly per-operation overhead (hundreds of small kernels and
+the Python around them for a few matrix products); compiled, the elementwise work is fused and the Python
+runs once per step. Larger models gain less: their decode step is matrix products, and the static cache
+makes attention read the whole bucketed length at every step. The prompt is still prefilled eagerly (its length changes every batch); its keys and values are
 then copied into a static cache whose shape is fixed for the rollout, so every decode step has the same shapes
 and the compiled graph is reused. One compile per (rows, bucketed length, dtype) the run meets: seconds for
 small models; ``torch._dynamo``'s recompile limit bounds how many, past it dynamo runs the step eagerly.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
+from collections import OrderedDict
 
 import torch
 from torch import Tensor
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 # Static cache lengths are rounded up to a multiple of this, so prompts of slightly different lengths
 # (every batch's longest prompt differs) share one compiled graph.
 LENGTH_BUCKET = 32
+
+# Static caches kept for reuse (training and validation rollouts alternate); an older shape's is freed.
+KEEP_CACHES = 2
 
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _REFUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> reason, warned once
@@ -67,24 +72,26 @@ class CompiledDecoder:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = weakref.ref(model)  # the registry is keyed weakly by the model
-        self._caches: dict[tuple, object] = {}
+        self._caches: OrderedDict[tuple, object] = OrderedDict()  # the last KEEP_CACHES shapes' caches
         self.eager_reason: str | None = None  # set when compiling failed; the step then runs eagerly
 
     def load(self, prefill: object, rows: Tensor | None, batch: int, capacity: int) -> object:
         """A static cache of ``batch`` rows and ``capacity`` positions holding the prompt keys and values of
         ``prefill`` (a filled ``DynamicCache``): its row ``rows[i]`` becomes row ``i`` (all rows in order when
-        None). The cache is reused by later rollouts of the same shape."""
+        None). The cache is reused by later rollouts of the same shape (the last ``KEEP_CACHES`` shapes)."""
         from transformers import StaticCache
 
         first = prefill.layers[0].keys
         key = (batch, capacity, first.dtype, first.device)
-        cache = self._caches.get(key)
+        cache = self._caches.pop(key, None)
         if cache is None:
             model = self._model()
             cache = StaticCache(config=model.config, max_cache_len=capacity)
             cache.early_initialization(batch, [layer.keys.shape[1] for layer in prefill.layers],
                                        [layer.keys.shape[-1] for layer in prefill.layers], first.dtype, first.device)
-            self._caches[key] = cache
+        self._caches[key] = cache  # most recent last; a new cache of a known shape does not recompile
+        while len(self._caches) > KEEP_CACHES:
+            self._caches.popitem(last=False)
         plen = first.shape[-2]
         for static, filled in zip(cache.layers, prefill.layers, strict=True):
             keys, values = filled.keys, filled.values
