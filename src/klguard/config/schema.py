@@ -164,8 +164,8 @@ class RolloutConfig:
     do_sample: bool = opt(True, "Sample (false = greedy)")
     n: int = opt(1, "Responses per prompt (>1 for group estimators such as GRPO and RLOO)")
     ignore_eos: bool = opt(False, "Generate max_response_length tokens regardless of EOS")
-    enforce_eager: bool = opt(True, "Decode eagerly; false compiles the decode step (torch.compile over a static KV "
-                              "cache: seconds to compile per batch shape, then faster; verl's default is false)")
+    enforce_eager: bool = opt(True, "false: the decode step runs compiled (torch.compile, static KV cache); verl: "
+                              "false, here true: compiling costs seconds per batch shape and needs a C++ compiler")
     log_prob_micro_batch_size_per_gpu: int | None = opt(None, "Rollouts per old-log-prob forward (null = all)")
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling settings at validation")
 
