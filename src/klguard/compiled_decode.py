@@ -4,15 +4,17 @@
 An eager decode step of a very small model is mostly per-operation overhead (hundreds of small kernels and
 the Python around them for a few matrix products); compiled, the elementwise work is fused and the Python
 runs once per step. Larger models gain less: their decode step is matrix products, and the static cache
-makes attention read the whole bucketed length at every step. The prompt is still prefilled eagerly (its length changes every batch); its keys and values are
-then copied into a static cache whose shape is fixed for the rollout, so every decode step has the same shapes
-and the compiled graph is reused. One compile per (rows, bucketed length, dtype) the run meets: seconds for
-small models; ``torch._dynamo``'s recompile limit bounds how many, past it dynamo runs the step eagerly.
+makes attention read the whole bucketed length at every step.
 
-A model it cannot serve (a cache other than plain full attention, no ``cache_position`` argument, a sharded
-model under ``torch.distributed``) or a compile that fails (no C++ compiler, an unsupported operation)
-falls back to the eager loop with one warning; the tokens do not depend on which path ran, up to float
-rounding of the logits.
+The prompt is still prefilled eagerly (its length changes every batch); its keys and values are then copied
+into a static cache whose shape is fixed for the rollout, so every decode step has the same shapes and the
+compiled graph is reused. One compile per (rows, bucketed length, dtype) the run meets: seconds for small
+models; past ``torch._dynamo``'s recompile limit, dynamo runs the step eagerly (with its own warning).
+
+A model it cannot serve (a cache other than plain full attention, a transformers release without
+ahead-of-time static caches, a sharded model under ``torch.distributed``) or a compile that fails (no C++
+compiler, an unsupported operation) falls back to the eager loop with one warning. In fp32 the tokens do not
+depend on which path ran; the log-probs agree up to float rounding.
 """
 
 from __future__ import annotations
@@ -51,9 +53,13 @@ def capacity_for(prompt_length: int, response_length: int) -> int:
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the compiled decode step cannot serve ``model`` (None: it can)."""
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer
-
+    try:
+        from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
+    except ImportError:
+        return "this transformers release has no cache layers (transformers >= 4.56 has them)"
+    if not hasattr(StaticCache, "early_initialization") or not hasattr(StaticLayer, "reset"):
+        return "this transformers release's StaticCache cannot be filled ahead of the first step"
     if is_distributed():
         return "torch.distributed is initialised (sharded models decode eagerly)"
     if not getattr(model, "_can_compile_fullgraph", False):
@@ -99,9 +105,10 @@ class CompiledDecoder:
                 keys, values = keys.index_select(0, rows), values.index_select(0, rows)
             static.keys[:, :, :plen].copy_(keys)
             static.values[:, :, :plen].copy_(values)
-            static.keys[:, :, plen:].zero_()
+            static.keys[:, :, plen:].zero_()  # masked, but a stale non-finite value would still poison the sum
             static.values[:, :, plen:].zero_()
-            static.cumulative_length.fill_(plen)
+            if hasattr(static, "cumulative_length"):  # releases that count the length in the layer
+                static.cumulative_length.fill_(plen)
         return cache
 
     def step(self, ids: Tensor, mask: Tensor, pos: Tensor, cache_position: Tensor, cache: object) -> Tensor:
