@@ -80,9 +80,17 @@ def test_other_shapes_and_reused_caches(llama):
     assert shapes == [(8, cd.capacity_for(30, 8)), (3, cd.capacity_for(7, 8))]
 
 
-def test_capacity_is_bucketed():
+def test_capacity_is_bucketed_and_the_window_doubles():
     assert cd.capacity_for(13, 32) == 64 and cd.capacity_for(1, 1) == cd.LENGTH_BUCKET
     assert cd.capacity_for(33, 31) == 64 and cd.capacity_for(33, 32) == 96
+    assert [cd.window_for(n, 96) for n in (1, 32, 33, 64, 65, 96)] == [32, 32, 64, 64, 96, 96]
+    assert cd.window_for(129, 1024) == 256 and cd.window_for(600, 640) == 640
+
+
+def test_a_long_rollout_crosses_windows(llama):
+    """Prompt 20 + 50 tokens: the window grows 32 -> 64 -> 96 (the capacity) within one rollout."""
+    ids, mask = prompts(2, 2, [20, 11], seed=6)
+    assert_same(*both(llama, ids, mask, do_sample=False, ignore_eos=True, max_new_tokens=50))
 
 
 def test_failed_compile_falls_back_to_the_eager_step(monkeypatch, caplog):

@@ -3,13 +3,13 @@
 
 An eager decode step of a very small model is mostly per-operation overhead (hundreds of small kernels and
 the Python around them for a few matrix products); compiled, the elementwise work is fused and the Python
-runs once per step. Larger models gain less: their decode step is matrix products, and the static cache
-makes attention read the whole bucketed length at every step.
+runs once per step. Larger models gain less: their decode step is matrix products.
 
 The prompt is still prefilled eagerly (its length changes every batch); its keys and values are then copied
-into a static cache whose shape is fixed for the rollout, so every decode step has the same shapes and the
-compiled graph is reused. One compile per (rows, bucketed length, dtype) the run meets: seconds for small
-models; past ``torch._dynamo``'s recompile limit, dynamo runs the step eagerly (with its own warning).
+into a static cache whose shape is fixed for the rollout. Attention reads a window of it that doubles as the
+sequence grows (32, 64, 128, ... positions; see ``window_for``), so early steps do not read the whole cache
+and a rollout needs few graphs. One compile per (rows, cache length, window, dtype) the run meets: seconds
+for small models; past ``RECOMPILE_LIMIT`` graphs, dynamo runs the step eagerly (with its own warning).
 
 A model it cannot serve (a cache other than plain full attention, a transformers release without
 ahead-of-time static caches, a sharded model under ``torch.distributed``) or a compile that fails (no C++
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 # (every batch's longest prompt differs) share one compiled graph.
 LENGTH_BUCKET = 32
 
+# Graphs the decode step may compile (shapes x windows; dynamo's default limit, 8, is one long rollout's windows).
+RECOMPILE_LIMIT = 64
+
 # Static caches kept for reuse (training and validation rollouts alternate); an older shape's is freed.
 KEEP_CACHES = 2
 
@@ -49,6 +52,34 @@ def capacity_for(prompt_length: int, response_length: int) -> int:
     """Static cache length for a rollout: prompt plus response, rounded up to ``LENGTH_BUCKET``."""
     need = prompt_length + response_length
     return -(-need // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+def window_for(length: int, capacity: int) -> int:
+    """How many cache positions a step attends over when ``length`` are filled: ``LENGTH_BUCKET`` doubled until
+    it holds them, at most ``capacity``. Attention then reads at most twice what it needs (the whole static
+    cache from the first step otherwise), and a rollout compiles one graph per window, log2(capacity / 32) + 1."""
+    window = LENGTH_BUCKET
+    while window < length:
+        window *= 2
+    return min(window, capacity)
+
+
+@functools.cache
+def _windowed_layer_cls() -> type:
+    """A ``StaticLayer`` whose attention sees only its first ``window`` positions (the rest holds no keys yet)."""
+    from transformers.cache_utils import StaticLayer
+
+    class WindowedStaticLayer(StaticLayer):
+        window: int = 0
+
+        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+            keys, values = super().update(key_states, value_states, *args, **kwargs)
+            return keys[:, :, : self.window], values[:, :, : self.window]
+
+        def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
+            return self.window, 0
+
+    return WindowedStaticLayer
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -93,6 +124,7 @@ class CompiledDecoder:
         if cache is None:
             model = self._model()
             cache = StaticCache(config=model.config, max_cache_len=capacity)
+            cache.layers = [_windowed_layer_cls()(max_cache_len=capacity) for _ in cache.layers]
             cache.early_initialization(batch, [layer.keys.shape[1] for layer in prefill.layers],
                                        [layer.keys.shape[-1] for layer in prefill.layers], first.dtype, first.device)
         self._caches[key] = cache  # most recent last; a new cache of a known shape does not recompile
@@ -111,15 +143,23 @@ class CompiledDecoder:
                 static.cumulative_length.fill_(plen)
         return cache
 
-    def step(self, ids: Tensor, mask: Tensor, pos: Tensor, cache_position: Tensor, cache: object) -> Tensor:
-        """Logits ``[B, 1, V]`` of the next token after ``ids`` (``[B, 1]``); ``mask`` is the whole ``[B, capacity]``
-        attention mask, ``cache_position`` the one-element position being written."""
+    def step(self, ids: Tensor, mask: Tensor, pos: Tensor, written: int, cache: object) -> Tensor:
+        """Logits ``[B, 1, V]`` of the next token after ``ids`` (``[B, 1]``), whose keys and values go to cache
+        position ``written``; ``mask`` is the whole ``[B, capacity]`` attention mask. Attention reads the first
+        ``window_for(written + 1, capacity)`` positions."""
         model = self._model()
+        window = window_for(written + 1, mask.shape[1])
+        for layer in cache.layers:
+            layer.window = window
+        mask = mask[:, :window]
         cache_kw, _, takes_position = forward_args(type(model))
-        kwargs = {cache_kw: cache, "cache_position": cache_position} if takes_position else {cache_kw: cache}
+        kwargs = {cache_kw: cache}
+        if takes_position:
+            kwargs["cache_position"] = torch.tensor([written], device=ids.device)
         if self.eager_reason is None:
             try:
-                return _compiled_step()(model, ids, mask, pos, kwargs)
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                    return _compiled_step()(model, ids, mask, pos, kwargs)
             except Exception as exc:  # compiler missing or unsupported op: the eager step is exact
                 first_line = (str(exc).strip().splitlines() or [""])[0]
                 self.eager_reason = f"{type(exc).__name__}: {first_line}"[:300]

@@ -280,7 +280,6 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
         static = decoder.load(cache, None if runs is None else runs[1], bsz, capacity)
         static_mask = torch.ones(bsz, capacity, dtype=prompt_mask.dtype, device=dev)
         static_mask[:, :plen] = prompt_mask
-        cache_positions = torch.arange(plen, plen + R, device=dev)
     elif runs is not None:
         cache.reorder_cache(runs[1])
     if runs is not None:
@@ -295,8 +294,7 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: 
             if not alive.any():
                 break
         if t + 1 < R and static is not None:
-            logits = decoder.step(response[:, t : t + 1], static_mask, resp_pos[:, t : t + 1],
-                                  cache_positions[t : t + 1], static)
+            logits = decoder.step(response[:, t : t + 1], static_mask, resp_pos[:, t : t + 1], plen + t, static)
         elif t + 1 < R:
             mask = None if attn is None else attn[:, : plen + t + 1]
             logits = _forward_logits(model, response[:, t : t + 1], mask, resp_pos[:, t : t + 1], 1, cache)
