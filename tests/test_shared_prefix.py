@@ -11,13 +11,13 @@ from klguard.model.loading import enable_checkpointing
 from klguard.model.tiny import build_tiny_llama, tiny_llama_config
 from klguard.rollout import compute_logprobs
 from klguard.shared_prefix import (
+    critic_values,
     prompt_groups,
     shared_prefix_forward,
     shared_prefix_logprobs,
     shared_prefix_values,
     unsupported_reason,
 )
-from klguard.update import critic_values
 
 ARCH = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128, "max_position_embeddings": 128}
 PAD = 0

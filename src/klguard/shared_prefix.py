@@ -11,7 +11,7 @@ states are the same for every row of a group. ``shared_prefix_forward`` therefor
    so gradients reach the prompt pass exactly as in one full forward).
 
 The last response token is never an input: only outputs at positions ``-R-1 .. -2`` of ``prompt + response``
-are returned, exactly those ``klguard.rollout.compute_logprobs`` and ``klguard.update.critic_values`` read.
+are returned, exactly those ``klguard.rollout.compute_logprobs`` and ``critic_values`` read.
 The model is called through its own ``forward`` (its head, autocast wrapper and dropout apply as usual), so one
 code path serves a causal LM (``.logits`` ``[.., V]``) and a token-classification critic (``.logits`` ``[.., 1]``).
 
@@ -33,7 +33,7 @@ from torch import Tensor
 from klguard.model.forward_args import forward_args
 from klguard.rollout import _entropy, compute_logprobs, position_ids_from_mask, prompt_runs, run_rows
 
-__all__ = ["prompt_groups", "sequence_logprobs", "sequence_values", "shared_prefix_forward",
+__all__ = ["critic_values", "prompt_groups", "sequence_logprobs", "sequence_values", "shared_prefix_forward",
            "shared_prefix_logprobs", "shared_prefix_values", "unsupported_reason"]
 
 
@@ -148,13 +148,19 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_
     return logprobs, _entropy(logits if entropy_grad else logits.detach())
 
 
+def critic_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
+    """Value of the state before each response token: outputs at positions -R-1 .. -2, as verl (one plain
+    forward; ``shared_prefix_values`` computes the same with a group's prompt once)."""
+    out = critic(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    return out.logits[:, -response_length - 1 : -1, 0].float()
+
+
 def shared_prefix_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
                          groups: Tensor | None) -> Tensor:
-    """``klguard.update.critic_values`` (fp32 ``[B, R]``: the one-label outputs at positions ``-R-1 .. -2``)
-    with the prompt computed once per group; ``groups=None`` runs ``critic_values`` itself."""
+    """``critic_values`` (fp32 ``[B, R]``: the one-label outputs at positions ``-R-1 .. -2``) with the prompt
+    computed once per group; ``groups=None`` runs ``critic_values`` itself."""
     if groups is None:
-        from klguard.update import critic_values  # deferred: update may import this module
-
         return critic_values(critic, input_ids, attention_mask, response_length)
     return shared_prefix_forward(critic, input_ids, attention_mask, response_length, groups)[..., 0].float()
 

@@ -24,7 +24,6 @@ from klguard.algo.kl import kl_penalty
 from klguard.algo.loss import agg_loss, compute_policy_loss, compute_value_loss
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.distributed import any_rank, is_distributed, reduce_means
-from klguard.rollout import position_ids_from_mask
 from klguard.shared_prefix import sequence_logprobs, sequence_values
 
 
@@ -57,13 +56,6 @@ class PPOBatch:
 def minibatch_indices(n: int, size: int, shuffle: bool, generator: torch.Generator | None) -> Iterator[Tensor]:
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     yield from order.split(size)
-
-
-def critic_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
-    """Value of the state before each response token: outputs at positions -R-1 .. -2, as verl."""
-    out = critic(input_ids=input_ids, attention_mask=attention_mask,
-                 position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-    return out.logits[:, -response_length - 1 : -1, 0].float()
 
 
 def critic_values_in_update(cfg: CriticConfig, rows: int, mini_batch_size: int) -> bool:
