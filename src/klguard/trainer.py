@@ -38,6 +38,7 @@ from klguard.model.loading import (
     resolve_model_path,
     resolve_tokenizer_path,
 )
+from klguard.profiling import build_profiler, phase
 from klguard.reward.manager import RewardManager
 from klguard.rollout import generate_rows
 from klguard.run_setup import build_datasets, build_optimizer, load_models, seed_everything, step_generator
@@ -100,6 +101,7 @@ class PPOTrainer:
         self.actor_grad_clip = config.actor_rollout_ref.actor.grad_clip
         self.kl_frozen = False  # the guard's warm-up holds the KL coefficient
         self.guard = GuardRuntime(self)
+        self.profiler = build_profiler(config, self.dist.rank, self.device, self.log)
         if resume_from:
             self.global_step = self.state.restore(resume_from, self)
             log(f"klguard: resumed from {resume_from} at step {self.global_step}")
@@ -290,19 +292,21 @@ class PPOTrainer:
         pending_stable: int | None = None  # the last checkpoint, stable once the next step confirms it
         nonfinite_run = 0  # consecutive steps with a NaN/Inf somewhere
         while self.global_step < self.total_steps and self.guard.pause_reason is None:
-            try:
-                metrics = self.train_step()
-            except NonFiniteError as exc:  # rewards, log-probs, KL or values: nothing of this step is applied
-                self.global_step += 1
-                self.guard.record_nonfinite(self.global_step, exc.where)
-                metrics = {"training/global_step": self.global_step, "training/epoch": self.sampler.epoch,
-                           "training/nonfinite_skipped": 1.0}
-            step = self.global_step
+            with self.profiler.step(self.global_step + 1):  # global_profiler: the step and its validation
+                try:
+                    metrics = self.train_step()
+                except NonFiniteError as exc:  # rewards, log-probs, KL or values: nothing of this step is applied
+                    self.global_step += 1
+                    self.guard.record_nonfinite(self.global_step, exc.where)
+                    metrics = {"training/global_step": self.global_step, "training/epoch": self.sampler.epoch,
+                               "training/nonfinite_skipped": 1.0}
+                step = self.global_step
+                is_last = step >= self.total_steps
+                if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
+                    with phase("validate"):
+                        metrics |= self.validate()
             skipped = bool(metrics["training/nonfinite_skipped"])
             nonfinite_run = nonfinite_run + 1 if skipped else 0
-            is_last = step >= self.total_steps
-            if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
-                metrics |= self.validate()
             metrics |= self.guard.observe(step, metrics)
             if tr.debug:
                 self.check_ranks(step, metrics)
@@ -323,6 +327,7 @@ class PPOTrainer:
             last = metrics
             if stopping:
                 break
+        self.profiler.close()  # a continuous window the run did not finish
         if self.guard.pause_reason:
             self.log(f"klguard: paused at step {self.global_step}: {self.guard.pause_reason}")
         return last
@@ -334,6 +339,8 @@ def _quiet(message: str) -> None:
 
 @contextmanager
 def _timed(timing: dict[str, float], name: str):
+    """Adds the block's wall time to `timing[name]`; a labelled range in a global_profiler trace."""
     start = time.perf_counter()
-    yield
+    with phase(name):
+        yield
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start

@@ -135,3 +135,11 @@ def test_grpo_groups_with_shared_prompt_forwards_match_one_rank(dist_base, tmp_p
         assert proc.returncode == 0, why(proc)
     _assert_same_metrics(runs["one"], runs["two"], range(1, 3))
     assert _records(runs["two"])[2]["actor/kl_loss"] > 0
+
+
+def test_global_profiler_traces_on_the_chosen_rank(dist_base, tmp_path):
+    out = tmp_path / "run"
+    proc = run(TORCHRUN, [*dist_base, "trainer.total_training_steps=2", "global_profiler.tool=torch",
+                          "global_profiler.steps=[2]", "actor_rollout_ref.actor.profiler.ranks=[1]"], out)
+    assert proc.returncode == 0, why(proc)
+    assert sorted(p.name for p in (out / "profile" / "step_2").iterdir()) == ["rank1.pt.trace.json.gz", "rank1.txt"]

@@ -149,3 +149,19 @@ def test_compiled_decode_trains_like_the_eager_loop(fast_overrides, tmp_path, mo
             if key in plain:
                 assert compiled[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), (plain["step"], key)
     torch._dynamo.reset()
+
+
+def test_global_profiler_traces_the_listed_step_with_its_phases(fast_overrides, tmp_path):
+    import gzip
+
+    code = main(["train", *fast_overrides, "trainer.total_training_steps=2", "trainer.test_freq=-1",
+                 "global_profiler.tool=torch", "global_profiler.steps=[2]"])
+    assert code == 0
+    profiles = tmp_path / "run" / "profile"  # the default save_path: the run directory's profile/
+    assert [p.name for p in profiles.iterdir()] == ["step_2"]
+    with gzip.open(profiles / "step_2" / "rank0.pt.trace.json.gz", "rt") as f:
+        names = {event.get("name") for event in json.load(f)["traceEvents"]}
+    # the trainer's phases as labelled ranges (step 2 is the last: it validates), and the operators under them
+    assert {"gen", "reward", "ref", "values", "adv", "update_critic", "update_actor", "validate"} <= names
+    assert "aten::mm" in names
+    assert "aten::mm" in (profiles / "step_2" / "rank0.txt").read_text()

@@ -115,6 +115,25 @@ class FSDPConfig(ShardingConfig):
 
 
 @dataclass
+class TorchProfilerToolConfig:
+    contents: list = opt([], "What the torch profiler records: cpu, cuda, memory, shapes, stack ([] = cpu, and cuda "
+                         "on a GPU run)")
+
+
+@dataclass
+class ActorProfilerToolConfig:
+    torch: TorchProfilerToolConfig = section(TorchProfilerToolConfig, "Options of global_profiler.tool=torch")
+
+
+@dataclass
+class ActorProfilerConfig:
+    all_ranks: bool = opt(False, "Every rank writes a trace of the global_profiler steps")
+    ranks: list = opt([], "Ranks that write traces when all_ranks is false ([] = rank 0; verl: no rank); one process "
+                      "runs every role, so one trace covers rollout, reference, critic and updates")
+    tool_config: ActorProfilerToolConfig = section(ActorProfilerToolConfig, "Per-tool options")
+
+
+@dataclass
 class ActorConfig:
     strategy: str = opt(
         "fsdp2", "Parallelism under torchrun: fsdp2 | fsdp (alias of fsdp2) | none (replicated, as DDP); one process "
@@ -144,6 +163,7 @@ class ActorConfig:
     grad_clip: float = opt(1.0, "Clip the actor's gradient norm to this (<= 0 disables clipping)")
     optim: OptimConfig = section(OptimConfig, "Actor optimizer (AdamW)")
     fsdp_config: FSDPConfig = section(FSDPConfig, "Precision of the actor, the reference and the reward model")
+    profiler: ActorProfilerConfig = section(ActorProfilerConfig, "Ranks and contents of global_profiler traces")
 
 
 @dataclass
@@ -318,6 +338,17 @@ class TrainerConfig:
     )
 
 
+# ----------------------------------------------------------------------------- profiler
+@dataclass
+class GlobalProfilerConfig:
+    tool: str | None = opt(None, "Profiler: null (off) | torch (torch.profiler traces of global_profiler.steps)")
+    steps: list | None = opt(None, "Training steps to profile, 1-based, e.g. [3, 4] (null = none)")
+    profile_continuous_steps: bool = opt(False, "Consecutive listed steps share one trace (false: one per step)")
+    save_path: str = opt(
+        "${trainer.default_local_dir}/profile", "Where traces go, one folder per profiled step (verl: outputs/profile)"
+    )
+
+
 # ----------------------------------------------------------------------------- sft (built-in policy)
 @dataclass
 class SFTConfig:
@@ -368,6 +399,7 @@ class Config:
     proxy_reward: ProxyRewardConfig = section(ProxyRewardConfig, "The demo's length-biased proxy reward (ours)")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantages and KL control")
     trainer: TrainerConfig = section(TrainerConfig, "Run length, logging, checkpoints")
+    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "torch.profiler traces of chosen steps")
     guard: GuardSection = section(GuardSection, "The KL guard: rules that watch the run and act (ours)")
     sft: SFTConfig = section(SFTConfig, "Supervised warm start of the built-in policy (ours)")
     calibrate: CalibrateConfig = section(CalibrateConfig, "`klguard calibrate`: the target_kl sweep (ours)")

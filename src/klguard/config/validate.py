@@ -11,6 +11,7 @@ from klguard.algo.kl import KL_ESTIMATORS
 from klguard.algo.loss import LOSS_AGG_MODES
 from klguard.config.schema import Config
 from klguard.errors import ConfigError
+from klguard.profiling import CONTENTS as PROFILER_CONTENTS
 
 KL_CTRL_TYPES = ("fixed", "adaptive", "pid")
 STRATEGIES = ("fsdp2", "fsdp", "none")
@@ -44,6 +45,7 @@ def validate(cfg: Config) -> None:
     _validate_user_files(cfg)
     _validate_reward_model(cfg)
     _validate_calibrate(cfg)
+    _validate_profiler(cfg)
     try:
         cfg.guard.validate()
     except ValueError as exc:
@@ -256,6 +258,25 @@ def _validate_calibrate(cfg: Config) -> None:
         _fail("calibrate.max_hacking_rate", cal.max_hacking_rate, "must be in [0, 1]")
     if cal.parallel is not None and cal.parallel < 1:
         _fail("calibrate.parallel", cal.parallel, "must be >= 1 or null")
+
+
+def _validate_profiler(cfg: Config) -> None:
+    prof, role = cfg.global_profiler, cfg.actor_rollout_ref.actor.profiler
+    if prof.tool not in (None, "torch"):
+        _fail("global_profiler.tool", prof.tool, "is not supported: klguard writes torch.profiler traces (tool=torch) "
+              "or none (null)")
+    if prof.steps is not None and not (isinstance(prof.steps, list) and all(_whole(s, 1) for s in prof.steps)):
+        _fail("global_profiler.steps", prof.steps, "must be a list of training steps >= 1, or null")
+    if prof.tool == "torch" and not prof.steps:
+        _fail("global_profiler.steps", prof.steps, "must list the steps to profile when global_profiler.tool=torch")
+    if not all(_whole(r, 0) for r in role.ranks):
+        _fail("actor_rollout_ref.actor.profiler.ranks", role.ranks, "must be a list of ranks >= 0")
+    for item in role.tool_config.torch.contents:
+        _one_of("actor_rollout_ref.actor.profiler.tool_config.torch.contents", item, PROFILER_CONTENTS)
+
+
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _validate_user_files(cfg: Config) -> None:
