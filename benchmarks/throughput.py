@@ -195,7 +195,7 @@ class Worker:
     """One contender's process; it reports each step and waits for `go`."""
 
     def __init__(self, name: str, python: str, script: str, spec: dict, threads: int) -> None:
-        self.name = name
+        self.name, self.spec = name, spec
         self.log = Path(spec["run_dir"]).with_suffix(".log")
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
@@ -320,6 +320,8 @@ def run_setting(args, assets: dict, trl_python: str | None, workload: str, s: Se
             spec = make_spec(assets, workload, s, name, rollouts=rollouts, response_length=response_length,
                              max_steps=warmup + steps, threads=args.threads)
             spec["compile_decode"] = name == COMPILED
+            if args.profile and script == "throughput_klguard.py":  # the last warm-up step: medians untouched
+                spec["profile_step"] = warmup
             workers.append(Worker(name, python, script, spec, args.threads))
             workers[-1].read("ready")
         result["load_1min_per_round"] = run_alternating(workers, warmup + steps)
@@ -331,6 +333,9 @@ def run_setting(args, assets: dict, trl_python: str | None, workload: str, s: Se
     for w in workers:
         summary = summarise(w, warmup, rollouts, response_length)
         summary["efficiency"] = result["ceiling_s"] / summary["s_per_step"]
+        if w.spec.get("profile_step"):
+            summary["profile"] = str(Path(w.spec["run_dir"]) / "profile" / f"step_{warmup}" / "rank0.txt")
+            print(f"  {w.name}: operators of warm-up step {warmup} by self CPU time: {summary['profile']}", flush=True)
         result["contenders"][w.name] = summary
     if "trl" in result["contenders"]:  # TRL s / klguard s, for each klguard contender
         theirs = result["contenders"]["trl"]["s_per_step"]
@@ -428,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 pairing")
     ap.add_argument("--no-compiled", action="store_true",
                     help=f"skip the {COMPILED} contender (rollout.enforce_eager=false)")
+    ap.add_argument("--profile", action="store_true",
+                    help="trace klguard's last warm-up step with torch.profiler (global_profiler.tool=torch)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)

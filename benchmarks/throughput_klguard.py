@@ -48,6 +48,8 @@ def overrides(spec: dict) -> list[str]:
                 "actor_rollout_ref.actor.kl_loss_type=low_var_kl"]
     if spec["reward"] == "model":
         out += ["reward_model.enable=true", f"reward_model.model.path={spec['rm']}"]
+    if spec.get("profile_step"):
+        out += ["global_profiler.tool=torch", f"global_profiler.steps=[{spec['profile_step']}]"]
     if spec.get("compile_decode"):
         out.append("actor_rollout_ref.rollout.enforce_eager=false")
     if spec["dtype"] == "bf16":
