@@ -62,11 +62,13 @@ def test_close_writes_a_window_the_run_did_not_finish(tmp_path):
     prof.close()  # nothing open: no-op
 
 
-def test_a_step_that_raises_still_writes_its_trace(tmp_path):
-    prof, _ = _profiler(tmp_path, [1])
+@pytest.mark.parametrize("continuous", [False, True])
+def test_a_step_that_raises_still_writes_its_trace(tmp_path, continuous):
+    prof, _ = _profiler(tmp_path, [1, 2], continuous=continuous)
     with pytest.raises(RuntimeError), prof.step(1):
         raise RuntimeError("boom")
     assert (tmp_path / "step_1" / "rank0.pt.trace.json.gz").is_file()
+    assert prof._active is None  # the profiler stopped: nothing keeps recording after the error
 
 
 @pytest.mark.parametrize(("rank", "ranks", "writes"), [(0, (0,), True), (1, (0,), False), (1, (0, 1), True),

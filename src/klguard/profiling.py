@@ -78,11 +78,12 @@ class StepProfiler:
             self._active = profile(activities=self.activities, **self.options)
             self._active.__enter__()
             self._first = n
+        failed = True
         try:
             yield
-        finally:
-            last = not self.continuous or (n + 1) not in self.steps
-            if last:
+            failed = False
+        finally:  # a step that raised ends its window: the trace shows what led up to the error
+            if failed or not self.continuous or (n + 1) not in self.steps:
                 self._finish(n)
 
     def close(self) -> None:
