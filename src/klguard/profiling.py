@@ -15,13 +15,14 @@ Both are written to a temporary name and renamed, so a run stopped mid-write lea
 from __future__ import annotations
 
 import os
-import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
+
+from klguard.checkpoint import atomic_write_text
 
 if TYPE_CHECKING:
     from klguard.config.schema import Config
@@ -98,10 +99,10 @@ class StepProfiler:
         folder = self.save_path / f"step_{span}"
         folder.mkdir(parents=True, exist_ok=True)
         trace = folder / f"rank{self.rank}.pt.trace.json.gz"
-        _write_atomic(trace, lambda tmp: prof.export_chrome_trace(str(tmp)), suffix=".json.gz")
+        _export_trace(prof, trace)
         sort_by = "self_cuda_time_total" if ProfilerActivity.CUDA in self.activities else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort_by, row_limit=SUMMARY_ROWS)
-        _write_atomic(folder / f"rank{self.rank}.txt", lambda tmp: tmp.write_text(table + "\n"), suffix=".txt")
+        atomic_write_text(folder / f"rank{self.rank}.txt", table + "\n")
         self.log(f"klguard: profiled step {span}: {trace}")
 
 
@@ -115,13 +116,12 @@ def build_profiler(config: Config, rank: int, device: torch.device, log=print) -
                         rank=rank, ranks=ranks, device=device, log=log)
 
 
-def _write_atomic(path: Path, write, *, suffix: str) -> None:
-    """`write(tmp)` to a temporary file next to `path`, then rename it onto `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    os.close(fd)
+def _export_trace(prof: profile, path: Path) -> None:
+    """The Chrome trace to a hidden name next to `path` (same suffix: `.gz` makes torch compress it), then renamed."""
+    tmp = path.with_name(f".tmp.{path.name}")
     try:
-        write(Path(tmp))
+        prof.export_chrome_trace(str(tmp))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
