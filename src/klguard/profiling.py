@@ -55,10 +55,9 @@ class StepProfiler:
         self.rank = rank
         self.enabled = bool(self.steps) and (ranks is None or rank in ranks)
         self.log = log
-        self.on_gpu = device.type == "cuda"
         wanted = set(contents) or {"cpu", "cuda"}
         self.activities = [ProfilerActivity.CPU] if "cpu" in wanted else []
-        if "cuda" in wanted and self.on_gpu:
+        if "cuda" in wanted and device.type == "cuda":
             self.activities.append(ProfilerActivity.CUDA)
         if not self.activities:  # "cuda" alone on a CPU run: record the CPU rather than nothing
             self.activities = [ProfilerActivity.CPU]
