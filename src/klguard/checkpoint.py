@@ -26,7 +26,8 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +62,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """A hidden path next to `path`, with its name's suffixes, to write in the block: renamed onto `path` when the
+    block ends, deleted when it raises, so `path` is never a torn file."""
+    tmp = path.with_name(f".tmp.{path.name}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left when the block or the rename failed
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _sha256(path: Path) -> str:

@@ -14,7 +14,6 @@ Both are written to a temporary name and renamed, so a run stopped mid-write lea
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from klguard.checkpoint import atomic_write_text
+from klguard.checkpoint import atomic_file, atomic_write_text
 
 if TYPE_CHECKING:
     from klguard.config.schema import Config
@@ -98,7 +97,8 @@ class StepProfiler:
         folder = self.save_path / f"step_{span}"
         folder.mkdir(parents=True, exist_ok=True)
         trace = folder / f"rank{self.rank}.pt.trace.json.gz"
-        _export_trace(prof, trace)
+        with atomic_file(trace) as tmp:  # a .gz name: torch compresses the trace
+            prof.export_chrome_trace(str(tmp))
         sort_by = "self_cuda_time_total" if ProfilerActivity.CUDA in self.activities else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort_by, row_limit=SUMMARY_ROWS)
         atomic_write_text(folder / f"rank{self.rank}.txt", table + "\n")
@@ -113,14 +113,3 @@ def build_profiler(config: Config, rank: int, device: torch.device, log=print) -
     return StepProfiler(steps=glob.steps if glob.tool == "torch" else None, save_path=glob.save_path,
                         contents=list(role.tool_config.torch.contents), continuous=glob.profile_continuous_steps,
                         rank=rank, ranks=ranks, device=device, log=log)
-
-
-def _export_trace(prof: profile, path: Path) -> None:
-    """The Chrome trace to a hidden name next to `path` (same suffix: `.gz` makes torch compress it), then renamed."""
-    tmp = path.with_name(f".tmp.{path.name}")
-    try:
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
