@@ -51,6 +51,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from klguard.profiling import window_folder
+
 BENCH = Path(__file__).resolve().parent
 WORK = BENCH / ".work" / "throughput"
 VENV = BENCH / ".venv-trl"
@@ -334,7 +336,7 @@ def run_setting(args, assets: dict, trl_python: str | None, workload: str, s: Se
         summary = summarise(w, warmup, rollouts, response_length)
         summary["efficiency"] = result["ceiling_s"] / summary["s_per_step"]
         if w.spec.get("profile_step"):
-            summary["profile"] = str(Path(w.spec["run_dir"]) / "profile" / f"step_{warmup}" / "rank0.txt")
+            summary["profile"] = str(window_folder(Path(w.spec["run_dir"]) / "profile", warmup) / "rank0.txt")
             print(f"  {w.name}: operators of warm-up step {warmup} by self CPU time: {summary['profile']}", flush=True)
         result["contenders"][w.name] = summary
     if "trl" in result["contenders"]:  # TRL s / klguard s, for each klguard contender

@@ -26,7 +26,7 @@ from klguard.checkpoint import atomic_file, atomic_write_text
 if TYPE_CHECKING:
     from klguard.config.schema import Config
 
-__all__ = ["CONTENTS", "StepProfiler", "build_profiler", "phase"]
+__all__ = ["CONTENTS", "StepProfiler", "build_profiler", "phase", "window_folder"]
 
 # verl's tool_config.torch.contents; [] means cpu, plus cuda on a GPU run.
 CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
@@ -93,8 +93,7 @@ class StepProfiler:
     def _finish(self, n: int | None) -> None:
         prof, self._active = self._active, None
         prof.__exit__(None, None, None)
-        span = str(self._first) if n in (None, self._first) else f"{self._first}-{n}"
-        folder = self.save_path / f"step_{span}"
+        folder = window_folder(self.save_path, self._first, n)
         folder.mkdir(parents=True, exist_ok=True)
         trace = folder / f"rank{self.rank}.pt.trace.json.gz"
         with atomic_file(trace) as tmp:  # a .gz name: torch compresses the trace
@@ -102,7 +101,13 @@ class StepProfiler:
         sort_by = "self_cuda_time_total" if ProfilerActivity.CUDA in self.activities else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort_by, row_limit=SUMMARY_ROWS)
         atomic_write_text(folder / f"rank{self.rank}.txt", table + "\n")
-        self.log(f"klguard: profiled step {span}: {trace}")
+        self.log(f"klguard: profiled step {folder.name.removeprefix('step_')}: {trace}")
+
+
+def window_folder(save_path: str | Path, first: int, last: int | None = None) -> Path:
+    """Where the trace of steps `first`..`last` goes: `step_<first>` or `step_<first>-<last>`."""
+    span = str(first) if last in (None, first) else f"{first}-{last}"
+    return Path(save_path) / f"step_{span}"
 
 
 def build_profiler(config: Config, rank: int, device: torch.device, log=print) -> StepProfiler:
