@@ -20,11 +20,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from klguard.demo import fresh_run_dir, prepare_builtin_policy
-from klguard.recipes import GUARDED_DEFAULT, SEED_RECIPE, VERL_DEFAULT, fixed_coef
-from klguard.report import load_run
-from klguard.report.summary import summary_value
-from klguard.sweep import Job, default_parallel, run_jobs
+from klguard.commands.demo import fresh_run_dir, prepare_builtin_policy
+from klguard.commands.recipes import GUARDED_DEFAULT, SEED_RECIPE, VERL_DEFAULT, fixed_coef
+from klguard.commands.report import load_run
+from klguard.commands.report.summary import summary_value
+from klguard.commands.sweep import Job, default_parallel, run_jobs
 
 
 def _controller(kind: str, target: float) -> tuple[str, ...]:

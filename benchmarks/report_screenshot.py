@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from klguard.report import load_run, write_run_report
+from klguard.commands.report import load_run, write_run_report
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 

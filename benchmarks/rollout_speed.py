@@ -1,4 +1,4 @@
-"""Time ``klguard.rollout.generate`` (eager, and with the compiled decode step of
+"""Time ``klguard.ppo.rollout.generate`` (eager, and with the compiled decode step of
 ``actor_rollout_ref.rollout.enforce_eager=false``) against Hugging Face ``model.generate`` on a tiny Llama (CPU).
 
 B=64 left-padded prompts, hidden-128 2-layer Llama with random weights. Every loop samples the full
@@ -23,7 +23,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from klguard.rollout import generate
+from klguard.ppo.rollout import generate
 
 B, PROMPT_LEN, VOCAB, PAD, EOS = 64, 16, 256, 0, 2
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from klguard.checkpoint import CheckpointManager, verify_checkpoint
+from klguard.runtime.checkpoint import CheckpointManager, verify_checkpoint
 
 SAVE_FREQ = 1
 IGNORED = ("timing_s/", "perf/")

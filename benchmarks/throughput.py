@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from klguard.profiling import window_folder
+from klguard.runtime.profiling import window_folder
 
 BENCH = Path(__file__).resolve().parent
 WORK = BENCH / ".work" / "throughput"
@@ -93,7 +93,7 @@ class Work:
 def step_flops(w: Work) -> dict[str, float]:
     """FLOPs per phase of one step as klguard runs it: a forward costs 2N per token, a forward and
     backward 6N. The old log-probs come from the sampling forwards, and the critic's values from its
-    update's forward (one epoch, one mini-batch: klguard.update.critic_values_in_update), so neither
+    update's forward (one epoch, one mini-batch: klguard.ppo.update.critic_values_in_update), so neither
     costs an extra pass: the critic's 6N is split as 2N in `values` and 4N (the backward) in `update`.
     The reward model reads every rollout whole (it re-renders prompt and response with its own template)."""
     per_token = w.rollouts * w.policy_tokens

@@ -21,7 +21,7 @@ from throughput_common import Gate, read_spec
 
 from klguard.config import load_config
 from klguard.guard import KLGuard
-from klguard.trainer import PPOTrainer
+from klguard.ppo.trainer import PPOTrainer
 
 # Rollout-side phases as klguard times them; the old log-probs come out of the sampling loop (in gen).
 PHASES = ("gen", "reward", "ref", "values")

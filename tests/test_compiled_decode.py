@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import klguard.compiled_decode as cd
-import klguard.rollout as ro
+import klguard.ppo.compiled_decode as cd
+import klguard.ppo.rollout as ro
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import build_tiny_llama
 
@@ -102,7 +102,7 @@ def test_failed_compile_falls_back_to_the_eager_step(monkeypatch, caplog):
 
     monkeypatch.setattr(cd, "_compiled_step", lambda: broken)
     ids, mask = prompts(2, 2, [4, 6], seed=4)
-    with caplog.at_level(logging.WARNING, logger="klguard.compiled_decode"):
+    with caplog.at_level(logging.WARNING, logger="klguard.ppo.compiled_decode"):
         eager, fallback = both(model, ids, mask, temperature=1.0, max_new_tokens=6)
     assert_same(eager, fallback)
     assert cd.compiled_decoder(model).eager_reason == "RuntimeError: no C++ compiler"
@@ -116,7 +116,7 @@ def test_unsupported_model_decodes_eagerly(caplog):
     model = LlamaForCausalLM(cfg).eval()
     model._can_compile_fullgraph = False
     ids, mask = prompts(2, 1, [4, 6], seed=5)
-    with caplog.at_level(logging.WARNING, logger="klguard.compiled_decode"):
+    with caplog.at_level(logging.WARNING, logger="klguard.ppo.compiled_decode"):
         eager, compiled = both(model, ids, mask, temperature=1.0, max_new_tokens=6)
     assert_same(eager, compiled)
     assert cd.compiled_decoder(model) is None

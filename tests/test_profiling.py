@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from klguard.profiling import StepProfiler, phase
+from klguard.runtime.profiling import StepProfiler, phase
 
 
 def _run_steps(profiler: StepProfiler, steps: range) -> None:

@@ -1,4 +1,4 @@
-"""Tests for klguard.rollout: KV-cache sampling loop and log-prob recomputation."""
+"""Tests for klguard.ppo.rollout: KV-cache sampling loop and log-prob recomputation."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-import klguard.rollout as ro
-from klguard.rollout import RolloutBatch, compute_logprobs, filter_logits, generate, position_ids_from_mask
+import klguard.ppo.rollout as ro
+from klguard.ppo.rollout import RolloutBatch, compute_logprobs, filter_logits, generate, position_ids_from_mask
 
 VOCAB, PAD, EOS = 24, 0, 2
 EOS_SET = [2, 5, 7, 11]  # several EOS ids so a random model finishes rows early

@@ -1,4 +1,4 @@
-"""klguard.rollout's shared prompt prefill (identical consecutive prompts prefilled once) keeps results as they were."""
+"""The rollout's shared prompt prefill (identical consecutive prompts prefilled once) keeps results as they were."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-import klguard.rollout as ro
+import klguard.ppo.rollout as ro
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import build_tiny_llama
 

@@ -1,4 +1,4 @@
-"""Tests for klguard.shared_prefix: prompt computed once per group, same numbers (and gradients) as one forward."""
+"""Tests for klguard.ppo.shared_prefix: prompt computed once per group, same numbers (and gradients) as one forward."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM, LlamaFor
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.loading import enable_checkpointing
 from klguard.model.tiny import build_tiny_llama, tiny_llama_config
-from klguard.rollout import compute_logprobs
-from klguard.shared_prefix import (
+from klguard.ppo.rollout import compute_logprobs
+from klguard.ppo.shared_prefix import (
     critic_values,
     prompt_groups,
     shared_prefix_forward,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from klguard import shared_prefix
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import build_tiny_llama
-from klguard.shared_prefix import sequence_logprobs
-from klguard.update import PPOBatch, update_actor, update_critic
+from klguard.ppo import shared_prefix
+from klguard.ppo.shared_prefix import sequence_logprobs
+from klguard.ppo.update import PPOBatch, update_actor, update_critic
 
 P, R, GROUP = 7, 6, 4
 TOL = {"rtol": 1e-5, "atol": 1e-6}

@@ -1,4 +1,4 @@
-from klguard.cli import main
+from klguard.commands.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

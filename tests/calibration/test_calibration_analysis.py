@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from klguard.calibration.analysis import Fit, SweepPoint, fit_gao, recommend
+from klguard.commands.calibrate.analysis import Fit, SweepPoint, fit_gao, recommend
 
 
 def _gain(kl, a=2.0, b=1.0):

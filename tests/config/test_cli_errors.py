@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from klguard.cli import main
+from klguard.commands.cli import main
 
 MALFORMED = [
     # (overrides, text the one-line message must contain)

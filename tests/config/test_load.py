@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from klguard.cli import main
+from klguard.commands.cli import main
 from klguard.config import config_to_yaml, load_config
 from klguard.config.schema import BUILTIN_MODEL
 

@@ -62,7 +62,7 @@ def test_two_ranks_match_one_rank(one_rank, two_ranks):
 
 
 def test_sharded_checkpoint_layout_and_export(two_ranks, tmp_path):
-    from klguard.cli import main
+    from klguard.commands.cli import main
 
     ckpt = two_ranks / "global_step_4"
     for name in ("actor", "critic", "actor_optim", "critic_optim"):
@@ -77,7 +77,7 @@ def test_sharded_checkpoint_layout_and_export(two_ranks, tmp_path):
 
 def test_eval_reads_a_sharded_checkpoint(two_ranks, dist_base, capsys):
     """`klguard eval` on a DCP checkpoint (shards merged on one process) reproduces the run's final validation."""
-    from klguard.cli import main
+    from klguard.commands.cli import main
 
     capsys.readouterr()
     assert main(["eval", str(two_ranks / "global_step_4"), *dist_base]) == 0

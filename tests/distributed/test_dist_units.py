@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from klguard.cli import main
+from klguard.commands.cli import main
 from klguard.distributed import gather_rows, reduce_means
 from klguard.distributed.layout import RowLayout, even_slice, rank_rows
 

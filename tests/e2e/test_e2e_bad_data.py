@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from klguard.cli import main
+from klguard.commands.cli import main
 from klguard.data.arith import make_arith_rows
 
 

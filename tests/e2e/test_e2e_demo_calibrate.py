@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from klguard.cli import main
+from klguard.commands.cli import main
 
 
 def test_demo_trains_both_settings_and_writes_one_comparison(fast_overrides, tmp_path, capsys):

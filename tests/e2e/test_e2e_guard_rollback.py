@@ -7,9 +7,9 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from klguard.checkpoint import load_state
 from klguard.config import load_config
-from klguard.trainer import PPOTrainer
+from klguard.ppo.trainer import PPOTrainer
+from klguard.runtime.checkpoint import load_state
 
 
 class _NullTracker:
@@ -78,7 +78,7 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
 
 
 def test_resumed_run_takes_the_same_guard_decisions(fast_overrides, tmp_path):
-    from klguard.cli import main
+    from klguard.commands.cli import main
 
     # the tiny test policy's weak score trips the penalty-share rule: a real, repeated guard decision
     guarded = [*fast_overrides, "guard.enable=true", "guard.cooldown=2", "guard.penalty_share_max=0.01",

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klguard import shared_prefix
-from klguard.cli import main
+from klguard.commands.cli import main
+from klguard.ppo import shared_prefix
 
 REQUIRED_METRICS = [
     "actor/ppo_kl", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/entropy",
@@ -123,7 +123,7 @@ def test_grpo_with_shared_prompt_forwards_trains_like_the_plain_forwards(fast_ov
 def test_compiled_decode_trains_like_the_eager_loop(fast_overrides, tmp_path, monkeypatch):
     """rollout.enforce_eager=false: rollouts and validation decode through the compiled step and sample the
     same tokens, so two steps give the eager run's metrics up to float rounding."""
-    from klguard import compiled_decode
+    from klguard.ppo import compiled_decode
 
     torch._dynamo.reset()
     steps = {"true": 0, "false": 0}

@@ -86,7 +86,7 @@ def test_any_task_string_round_trips(text: str) -> None:
 
 def test_cache_publish_keeps_a_folder_another_process_finished_first(tmp_path):
     """Two runs of `klguard demo` built the tokenizer cache at once; the second rename used to fail (ENOTEMPTY)."""
-    from klguard.sft import _publish
+    from klguard.ppo.warm_start import _publish
 
     out = tmp_path / "cache"
     out.mkdir()

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from klguard.cli import main
+from klguard.commands.cli import main
 
 
 def _one_error_line(capsys) -> str:

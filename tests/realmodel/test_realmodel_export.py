@@ -9,9 +9,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klguard.cli import main
+from klguard.commands.cli import main
+from klguard.commands.export import export_checkpoint, find_policy
 from klguard.errors import UserError
-from klguard.export import export_checkpoint, find_policy
 
 
 def _logits(folder, ids):

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klguard.cli import main
+from klguard.commands.cli import main
 
 
 def _records(run: Path) -> list[dict]:

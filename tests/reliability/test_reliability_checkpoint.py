@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from klguard.checkpoint import (
+from klguard.errors import UserError
+from klguard.ppo.checkpointing import RunState, truncate_logs
+from klguard.runtime.checkpoint import (
     LATEST_FILE,
     MANIFEST_FILE,
     STATE_FILE,
@@ -18,8 +20,6 @@ from klguard.checkpoint import (
     load_tensors,
     save_tensors,
 )
-from klguard.errors import UserError
-from klguard.run_state import RunState, truncate_logs
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "klguard"
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from klguard.cli import main
-from klguard.update import NonFiniteError, PPOBatch, _run_updates, check_finite
+from klguard.commands.cli import main
+from klguard.ppo.update import NonFiniteError, PPOBatch, _run_updates, check_finite
 
 REWARD = '''
 CALLS = [0]

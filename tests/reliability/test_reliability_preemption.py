@@ -6,7 +6,7 @@ import signal
 
 from reliability_runs import records, start_train, wait_until
 
-from klguard.checkpoint import LATEST_FILE, CheckpointManager
+from klguard.runtime.checkpoint import LATEST_FILE, CheckpointManager
 
 
 def _strict_manager(run) -> CheckpointManager:

@@ -7,8 +7,8 @@ import signal
 import pytest
 from reliability_runs import comparable, records, start_train, wait_until
 
-from klguard.checkpoint import KILL_IN_SAVE_ENV, LATEST_FILE, CheckpointManager
-from klguard.cli import main
+from klguard.commands.cli import main
+from klguard.runtime.checkpoint import KILL_IN_SAVE_ENV, LATEST_FILE, CheckpointManager
 
 STEPS = 6
 
@@ -25,7 +25,7 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(fast_overrides, tmp_
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(60) == -signal.SIGKILL
 
-    # 2. resume, and SIGKILL halfway through writing checkpoint 5 (the test hook in klguard.checkpoint)
+    # 2. resume, and SIGKILL halfway through writing checkpoint 5 (the test hook in klguard.runtime.checkpoint)
     proc = start_train(base, tmp_path / "err2.txt", **{KILL_IN_SAVE_ENV: "5"})
     assert proc.wait(120) == -signal.SIGKILL, (tmp_path / "err2.txt").read_text()
     assert "resumed from" in (tmp_path / "err2.txt").read_text()

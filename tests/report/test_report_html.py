@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from klguard.cli import main
-from klguard.report import load_run, write_run_report
-from klguard.report.summary import summary_value, text_table
+from klguard.commands.cli import main
+from klguard.commands.report import load_run, write_run_report
+from klguard.commands.report.summary import summary_value, text_table
 
 VAL = "val-core/klguard/arith/acc/mean@1"
 

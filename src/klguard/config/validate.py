@@ -11,7 +11,7 @@ from klguard.algo.kl import KL_ESTIMATORS
 from klguard.algo.loss import LOSS_AGG_MODES
 from klguard.config.schema import Config
 from klguard.errors import ConfigError
-from klguard.profiling import CONTENTS as PROFILER_CONTENTS
+from klguard.runtime.profiling import CONTENTS as PROFILER_CONTENTS
 
 KL_CTRL_TYPES = ("fixed", "adaptive", "pid")
 STRATEGIES = ("fsdp2", "fsdp", "none")

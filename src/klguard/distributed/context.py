@@ -62,9 +62,16 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _resolve_device(name: str, local_rank: int) -> torch.device:
-    from klguard.run_setup import resolve_device
+def resolve_device(name: str) -> torch.device:
+    """`trainer.device`: auto (CUDA when there is one), cpu or cuda."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is available; use cpu or auto")
+    return torch.device(name)
 
+
+def _resolve_device(name: str, local_rank: int) -> torch.device:
     device = resolve_device(name)
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():

@@ -11,30 +11,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from klguard.config.schema import BUILTIN_MODEL, Config
+from klguard.config.schema import Config
 from klguard.errors import UserError
-
-
-def resolve_model_path(cfg: Config, *, log=print) -> Path:
-    """The policy folder: the cached built-in SFT policy, or a checked local folder."""
-    path = cfg.actor_rollout_ref.model.path
-    if path == BUILTIN_MODEL:
-        from klguard.sft import ensure_sft_policy
-
-        return ensure_sft_policy(cfg.sft, form=cfg.data.builtin_form, log=log)
-    return check_model_folder(path, "actor_rollout_ref.model.path")
-
-
-def resolve_tokenizer_path(cfg: Config) -> Path:
-    """The tokenizer folder; for the built-in policy a saved copy that needs no SFT run first."""
-    model_cfg = cfg.actor_rollout_ref.model
-    if model_cfg.tokenizer_path:
-        return check_model_folder(model_cfg.tokenizer_path, "actor_rollout_ref.model.tokenizer_path", tokenizer=True)
-    if model_cfg.path == BUILTIN_MODEL:
-        from klguard.sft import ensure_builtin_tokenizer
-
-        return ensure_builtin_tokenizer(cfg.sft)
-    return check_model_folder(model_cfg.path, "actor_rollout_ref.model.path")
 
 
 def check_model_folder(path: str | Path, key: str, *, tokenizer: bool = False) -> Path:

@@ -77,8 +77,8 @@ class RewardManager:
         self.rm_cfg = config.reward_model
         self.model = None
         if config.reward_model.enable:
+            from klguard.distributed.context import resolve_device
             from klguard.reward.model_rm import ModelReward
-            from klguard.run_setup import resolve_device
 
             self.model = ModelReward(config, device or resolve_device(config.trainer.device))
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from klguard.report.runs import RunRecord
+from klguard.commands.report.runs import RunRecord
 
 KL_METRIC = {"token_mean": "actor/reward_kl_penalty", "seq_sum": "actor/kl_seq_sum"}
 HACKING_METRIC = "hacking/rate"

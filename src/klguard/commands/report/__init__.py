@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from klguard.report.figures import training_figure
-from klguard.report.html import events_table, image, page, summary_table
-from klguard.report.runs import RunRecord, load_run
+from klguard.commands.report.figures import training_figure
+from klguard.commands.report.html import events_table, image, page, summary_table
+from klguard.commands.report.runs import RunRecord, load_run
 
 __all__ = ["RunRecord", "load_run", "write_run_report"]
 

@@ -23,8 +23,8 @@ from klguard.config.schema import SFTConfig
 from klguard.data.arith import make_arith_rows
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import build_tiny_llama, save_hf_folder
+from klguard.ppo.rollout import generate
 from klguard.reward.gsm8k import compute_score
-from klguard.rollout import generate
 
 SFT_FORMAT_VERSION = 2  # bump when the recipe changes, so stale caches are not reused
 POOL_SIZE = 30_000

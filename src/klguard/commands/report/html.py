@@ -6,8 +6,8 @@ import base64
 import html
 from collections.abc import Sequence
 
-from klguard.report.runs import RunRecord
-from klguard.report.summary import SUMMARY_ROWS, summary_value
+from klguard.commands.report.runs import RunRecord
+from klguard.commands.report.summary import SUMMARY_ROWS, summary_value
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222}

@@ -13,10 +13,10 @@ from tqdm import tqdm
 
 from klguard.config import Config, config_to_dict
 from klguard.distributed import barrier, shutdown
-from klguard.preemption import Preemption
-from klguard.run_state import truncate_logs
-from klguard.tracking import Tracking
-from klguard.trainer import PPOTrainer
+from klguard.ppo.checkpointing import truncate_logs
+from klguard.ppo.trainer import PPOTrainer
+from klguard.runtime.preemption import Preemption
+from klguard.runtime.tracking import Tracking
 
 SUMMARY_KEYS = (
     ("val-core gold acc", "val-core/"), ("proxy score", "hacking/proxy_score"), ("gold score", "hacking/gold_score"),
@@ -80,7 +80,7 @@ def _train(config: Config) -> dict[str, float]:
     (trainer.run_dir / "summary.json").write_text(json.dumps({"first": tracker.first, "last": tracker.latest},
                                                              indent=1, sort_keys=True))
     if config.trainer.report and (trainer.run_dir / "metrics.jsonl").is_file():
-        from klguard.report import load_run, write_run_report
+        from klguard.commands.report import load_run, write_run_report
 
         report = write_run_report([load_run(trainer.run_dir)], trainer.run_dir / "report.html",
                                   f"klguard run {trainer.run_dir.name}")

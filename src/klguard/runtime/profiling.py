@@ -2,7 +2,7 @@
 
 One process runs every role (rollout, reference, critic, reward model, updates), so one trace covers them
 all; the trainer's phases (`gen`, `ref`, `values`, `update_actor`, ...) appear in it as labelled ranges
-(`klguard.profiling.phase`). Each profiled window writes, under `global_profiler.save_path`:
+(`klguard.runtime.profiling.phase`). Each profiled window writes, under `global_profiler.save_path`:
 
 - `step_<N>[-<M>]/rank<R>.pt.trace.json.gz`: a Chrome trace (Perfetto, chrome://tracing, TensorBoard's
   profiler plugin);
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from klguard.checkpoint import atomic_file, atomic_write_text
+from klguard.runtime.checkpoint import atomic_file, atomic_write_text
 
 if TYPE_CHECKING:
     from klguard.config.schema import Config

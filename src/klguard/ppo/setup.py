@@ -1,45 +1,40 @@
-"""Building blocks of a run: device, seeds, datasets, models (sharded under torchrun), optimizers and schedules."""
+"""Building blocks of a run: model paths, datasets, models (sharded under torchrun), optimizers and schedules."""
 
 from __future__ import annotations
 
 import math
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
-from klguard.config.schema import Config, OptimConfig
+from klguard.config.schema import BUILTIN_MODEL, Config, OptimConfig
 from klguard.data.arith import write_arith_parquet
 from klguard.data.dataset import load_rl_dataset
 from klguard.distributed.context import DistContext
+from klguard.model.loading import check_model_folder
+from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
 
 if TYPE_CHECKING:
-    from klguard.trainer import PPOTrainer
+    from klguard.ppo.trainer import PPOTrainer
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        from klguard.errors import ConfigError
-
-        raise ConfigError("trainer.device=cuda but no CUDA device is available; use cpu or auto")
-    return torch.device(name)
+def resolve_model_path(cfg: Config, *, log=print) -> Path:
+    """The policy folder: the cached built-in SFT policy, or a checked local folder."""
+    path = cfg.actor_rollout_ref.model.path
+    if path == BUILTIN_MODEL:
+        return ensure_sft_policy(cfg.sft, form=cfg.data.builtin_form, log=log)
+    return check_model_folder(path, "actor_rollout_ref.model.path")
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def step_generator(seed: int, step: int, stream: int, device: torch.device) -> torch.Generator:
-    """A generator derived from (seed, step, stream): rollouts are reproducible and resume-safe
-    without carrying generator state, as nanochat derives its sampling seeds."""
-    mixed = (seed * 0x9E3779B1 + step * 0x85EBCA77 + stream * 0xC2B2AE3D) % (2**63 - 1)
-    return torch.Generator(device=device).manual_seed(mixed)
+def resolve_tokenizer_path(cfg: Config) -> Path:
+    """The tokenizer folder; for the built-in policy a saved copy that needs no SFT run first."""
+    model_cfg = cfg.actor_rollout_ref.model
+    if model_cfg.tokenizer_path:
+        return check_model_folder(model_cfg.tokenizer_path, "actor_rollout_ref.model.tokenizer_path", tokenizer=True)
+    if model_cfg.path == BUILTIN_MODEL:
+        return ensure_builtin_tokenizer(cfg.sft)
+    return check_model_folder(model_cfg.path, "actor_rollout_ref.model.path")
 
 
 def build_datasets(config: Config, tokenizer, run_dir: Path, *, write_builtin: bool = True):
@@ -100,7 +95,7 @@ def load_models(trainer: PPOTrainer, resume_from: Path | None) -> None:
     torchrun. A sharded (DCP) checkpoint's weights are loaded later, into the sharded models (RunState.restore)."""
     from klguard.distributed.sharded_checkpoint import is_dcp
     from klguard.model.loading import load_critic, load_policy
-    from klguard.run_state import REFERENCE_DIR
+    from klguard.ppo.checkpointing import REFERENCE_DIR
 
     cfg, ctx, device = trainer.cfg, trainer.dist, trainer.device
 

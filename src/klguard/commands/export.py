@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from klguard.checkpoint import CheckpointManager
 from klguard.errors import UserError
 from klguard.model.loading import hf_load
+from klguard.runtime.checkpoint import CheckpointManager
 
 KEY = "CHECKPOINT"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

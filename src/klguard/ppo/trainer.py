@@ -28,23 +28,26 @@ from klguard.distributed import RowLayout, any_rank, assert_same_across_ranks, g
 from klguard.distributed.context import world_size_from_env
 from klguard.distributed.fsdp import local_numel, unsharded
 from klguard.distributed.sharded_checkpoint import copy_weights, load_weights
-from klguard.guard_runtime import GuardRuntime
-from klguard.metrics import rollout_metrics
 from klguard.model.loading import (
     load_critic,
     load_policy,
     load_tokenizer,
     precision_scope,
+)
+from klguard.ppo.checkpointing import RunState
+from klguard.ppo.guard_hooks import GuardRuntime
+from klguard.ppo.metrics import rollout_metrics
+from klguard.ppo.rollout import generate_rows
+from klguard.ppo.scoring import score_rollout, validate_policy
+from klguard.ppo.setup import (
+    build_datasets,
+    build_optimizer,
+    load_models,
     resolve_model_path,
     resolve_tokenizer_path,
 )
-from klguard.profiling import build_profiler, phase
-from klguard.reward.manager import RewardManager
-from klguard.rollout import generate_rows
-from klguard.run_setup import build_datasets, build_optimizer, load_models, seed_everything, step_generator
-from klguard.run_state import RunState
-from klguard.shared_prefix import sequence_logprobs, sequence_values
-from klguard.update import (
+from klguard.ppo.shared_prefix import sequence_logprobs, sequence_values
+from klguard.ppo.update import (
     NonFiniteError,
     PPOBatch,
     check_finite,
@@ -52,7 +55,9 @@ from klguard.update import (
     update_actor,
     update_critic,
 )
-from klguard.validation import score_rollout, validate_policy
+from klguard.reward.manager import RewardManager
+from klguard.runtime.profiling import build_profiler, phase
+from klguard.runtime.seeding import seed_everything, step_generator
 
 
 class PPOTrainer:
@@ -282,7 +287,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------ the run
     def fit(self, tracker, progress=None, preemption=None) -> dict[str, float]:
         """Train to `total_steps`; stops early on a guard pause, `trainer.max_nonfinite_steps` skipped
-        steps in a row, or once `preemption.requested` (klguard.preemption), always with a checkpoint."""
+        steps in a row, or once `preemption.requested` (klguard.runtime.preemption), always with a checkpoint."""
         tr = self.cfg.trainer
         last: dict[str, float] = {}
         if tr.val_before_train and self.global_step == 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from klguard.report.runs import RunRecord
+from klguard.commands.report.runs import RunRecord
 
 # (label, metric, how): "last" = final value, "best" = maximum, "tail" = mean of the last 10 steps
 SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (

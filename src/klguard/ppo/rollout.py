@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from klguard.compiled_decode import capacity_for, compiled_decoder
 from klguard.distributed import gather_rows, is_distributed
 from klguard.model.forward_args import forward_args
+from klguard.ppo.compiled_decode import capacity_for, compiled_decoder
 
 __all__ = ["RolloutBatch", "compute_logprobs", "filter_logits", "generate", "generate_rows", "position_ids_from_mask",
            "prompt_runs", "run_rows"]
@@ -204,7 +204,7 @@ def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, *,
     """Sample up to ``max_new_tokens`` per left-padded prompt using the model's KV cache.
 
     ``sample_rows`` (see ``_sample``): the prompts are these rows of a larger batch split over ranks.
-    ``compile_step``: decode with the compiled step over a static cache (``klguard.compiled_decode``; falls back
+    ``compile_step``: decode with the compiled step over a static cache (``klguard.ppo.compiled_decode``; falls back
     to the eager loop where it cannot run).
 
     ``do_sample=False`` or ``temperature <= 0`` is greedy. The decode loop runs under

@@ -24,7 +24,7 @@ from klguard.algo.kl import kl_penalty
 from klguard.algo.loss import agg_loss, compute_policy_loss, compute_value_loss
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.distributed import any_rank, is_distributed, reduce_means
-from klguard.shared_prefix import sequence_logprobs, sequence_values
+from klguard.ppo.shared_prefix import sequence_logprobs, sequence_values
 
 
 @dataclass
@@ -153,7 +153,7 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
                  grad_clip: float | None = None, nonfinite: list[str] | None = None,
                  share_prompt: bool = False) -> dict[str, float]:
     """One PPO policy update over `batch`; returns verl-named actor metrics (see _run_updates for `nonfinite`).
-    `share_prompt`: a micro-batch's groups of identical prompts run their prompt once (klguard.shared_prefix)."""
+    `share_prompt`: a micro-batch's groups of identical prompts run their prompt once (klguard.ppo.shared_prefix)."""
     model.train()
     acc = _run_updates(
         _optimized(optimizer), optimizer, batch,

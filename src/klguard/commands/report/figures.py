@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from klguard.report.runs import RunRecord
+from klguard.commands.report.runs import RunRecord
 
 
 @dataclass(frozen=True)

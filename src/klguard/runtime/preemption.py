@@ -2,7 +2,7 @@
 
 The first signal only sets a flag that the training loop reads between steps; a second one exits
 at once with 128 + the signal number (130 for SIGINT, 143 for SIGTERM). Exiting at once corrupts
-nothing: a checkpoint folder appears only by rename once whole (klguard.checkpoint), and a resume
+nothing: a checkpoint folder appears only by rename once whole (klguard.runtime.checkpoint), and a resume
 drops log lines written after the checkpoint it resumes from.
 """
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from klguard.commands.export import find_policy, load_policy_for_export
 from klguard.config import Config
-from klguard.export import find_policy, load_policy_for_export
+from klguard.distributed.context import resolve_device
 from klguard.model.loading import apply_precision, load_policy, load_tokenizer
+from klguard.ppo.scoring import validate_policy
+from klguard.ppo.setup import build_datasets
 from klguard.reward.manager import RewardManager
-from klguard.run_setup import build_datasets, resolve_device, seed_everything
-from klguard.validation import validate_policy
+from klguard.runtime.seeding import seed_everything
 
 
 def evaluate_checkpoint(config: Config, checkpoint: str | Path) -> dict[str, float]:

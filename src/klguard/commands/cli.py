@@ -90,7 +90,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 0
-    from klguard.run import train
+    from klguard.commands.train import train
 
     train(config)
     return 0
@@ -100,7 +100,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 0
-    from klguard.sft import ensure_sft_policy
+    from klguard.ppo.warm_start import ensure_sft_policy
 
     path = ensure_sft_policy(config.sft, form=config.data.builtin_form, force=True)
     print(f"SFT policy written to {path}")
@@ -111,7 +111,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 0
-    from klguard.evaluate import evaluate_checkpoint
+    from klguard.commands.evaluate import evaluate_checkpoint
 
     metrics = evaluate_checkpoint(config, args.checkpoint)
     width = max(map(len, metrics))
@@ -121,7 +121,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from klguard.export import export_checkpoint
+    from klguard.commands.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype)
     print(f"exported to {out}")
@@ -131,7 +131,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     if _load(args) is None:
         return 0
-    from klguard.demo import run_demo
+    from klguard.commands.demo import run_demo
 
     run_demo(args.config, args.overrides, args.out, parallel=args.parallel)
     return 0
@@ -140,7 +140,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     if _load(args) is None:
         return 0
-    from klguard.calibration import run_calibration
+    from klguard.commands.calibrate import run_calibration
 
     run_calibration(args.config, args.overrides)
     return 0
@@ -149,7 +149,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from klguard.report import load_run, write_run_report
+    from klguard.commands.report import load_run, write_run_report
 
     runs = [load_run(path) for path in args.run_dirs]
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report.html"

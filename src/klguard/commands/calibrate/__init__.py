@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from klguard.calibration.analysis import (
+from klguard.commands.calibrate.analysis import (
     Fit,
     Recommendation,
     SweepPoint,
@@ -18,12 +18,12 @@ from klguard.calibration.analysis import (
     recommend,
     summarize,
 )
+from klguard.commands.demo import fresh_run_dir, prepare_builtin_policy
+from klguard.commands.report import load_run, write_run_report
+from klguard.commands.report.summary import fmt
+from klguard.commands.sweep import Job, default_parallel, run_jobs
 from klguard.config import load_config
-from klguard.demo import fresh_run_dir, prepare_builtin_policy
 from klguard.errors import ConfigError
-from klguard.report import load_run, write_run_report
-from klguard.report.summary import fmt
-from klguard.sweep import Job, default_parallel, run_jobs
 
 __all__ = ["run_calibration"]
 
@@ -78,8 +78,8 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
 
 def _write_report(runs, pairs, fit: Fit | None, rec: Recommendation, points: list[SweepPoint], metric: str,
                   out: Path) -> Path:
-    from klguard.report.figures import calibration_figure
-    from klguard.report.html import image
+    from klguard.commands.report.figures import calibration_figure
+    from klguard.commands.report.html import image
 
     xs = [(kl ** 0.5, gain, label) for kl, gain, label in pairs]
     png = calibration_figure(xs, (fit.a, fit.b) if fit else None, rec.target_kl,

@@ -8,12 +8,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from klguard.commands.recipes import GUARDED_DEFAULT, VERL_DEFAULT
+from klguard.commands.report import load_run, write_run_report
+from klguard.commands.report.summary import text_table
+from klguard.commands.sweep import Job, default_parallel, run_jobs
 from klguard.config import load_config
 from klguard.errors import UserError
-from klguard.recipes import GUARDED_DEFAULT, VERL_DEFAULT
-from klguard.report import load_run, write_run_report
-from klguard.report.summary import text_table
-from klguard.sweep import Job, default_parallel, run_jobs
 
 DEMO_RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("klguard default", "klguard_default", GUARDED_DEFAULT),
@@ -24,7 +24,7 @@ DEMO_RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 def prepare_builtin_policy(config, log) -> None:
     """Build (or find cached) the built-in tokenizer and SFT policy once, before child runs would race to."""
     if config.actor_rollout_ref.model.path.startswith("builtin://"):
-        from klguard.sft import ensure_builtin_tokenizer, ensure_sft_policy
+        from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
 
         ensure_builtin_tokenizer(config.sft)
         ensure_sft_policy(config.sft, form=config.data.builtin_form, log=log)

@@ -7,11 +7,11 @@ import torch
 from klguard.config import Config
 from klguard.data.dataset import RLDataset, collate_left_pad
 from klguard.distributed import even_slice, is_distributed
-from klguard.metrics import validation_metrics
 from klguard.model.loading import precision_scope
+from klguard.ppo.metrics import validation_metrics
+from klguard.ppo.rollout import RolloutBatch, generate_rows
 from klguard.reward.manager import RewardManager, RewardOutput
-from klguard.rollout import RolloutBatch, generate_rows
-from klguard.run_setup import step_generator
+from klguard.runtime.seeding import step_generator
 
 
 def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch) -> RewardOutput:

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from klguard.guard import Action, KLGuard
 
 if TYPE_CHECKING:
-    from klguard.trainer import PPOTrainer
+    from klguard.ppo.trainer import PPOTrainer
 
 
 # What a user can change after a pause, by the rule that paused the run.

@@ -18,7 +18,11 @@ import numpy as np
 import torch
 from torch.distributed.tensor import DTensor
 
-from klguard.checkpoint import (
+from klguard.distributed import DistContext, any_rank
+from klguard.distributed.fsdp import is_sharded
+from klguard.distributed.sharded_checkpoint import is_dcp, load_optimizer, load_weights, save_model, save_optimizer
+from klguard.errors import UserError
+from klguard.runtime.checkpoint import (
     STATE_FILE,
     CheckpointManager,
     atomic_write_text,
@@ -27,13 +31,9 @@ from klguard.checkpoint import (
     save_tensors,
     verify_checkpoint,
 )
-from klguard.distributed import DistContext, any_rank
-from klguard.distributed.fsdp import is_sharded
-from klguard.distributed.sharded_checkpoint import is_dcp, load_optimizer, load_weights, save_model, save_optimizer
-from klguard.errors import UserError
 
 if TYPE_CHECKING:
-    from klguard.trainer import PPOTrainer
+    from klguard.ppo.trainer import PPOTrainer
 
 
 def _local_non_finite(trainer: PPOTrainer) -> str | None:

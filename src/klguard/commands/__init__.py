@@ -1,0 +1,1 @@
+"""The commands: `klguard train | eval | export | sft | demo | calibrate | report`, thin layers over the engine."""

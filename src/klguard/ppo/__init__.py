@@ -1,0 +1,1 @@
+"""The PPO engine: the loop (trainer), its state, setup, rollout, forwards, updates, scoring, metrics, guard hooks."""

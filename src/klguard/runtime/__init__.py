@@ -1,0 +1,1 @@
+"""Infrastructure of a run: atomic checkpoints, profiling, trackers, preemption signals, seeding."""
