@@ -28,52 +28,52 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
     normal_lr = cfg.actor_rollout_ref.actor.optim.lr
 
     def set_lr(lr: float) -> None:
-        trainer.actor_sched.base_lrs = [lr]
-        for group in trainer.actor_optim.param_groups:
+        trainer.state.actor_sched.base_lrs = [lr]
+        for group in trainer.state.actor_optim.param_groups:
             group["lr"] = lr
 
     def sabotage(step: int, metrics: dict) -> None:  # step 3 updates with a huge learning rate, then back
         set_lr(0.05 if step == 2 else normal_lr)
 
     restored = []
-    rollback = trainer.rollback_to_stable
+    rollback = trainer.checkpoints.rollback_to_stable
 
-    def spy() -> int:
-        step = rollback()
-        restored.append({k: v.clone() for k, v in trainer.actor.state_dict().items()})
+    def spy(state) -> int:
+        step = rollback(state)
+        restored.append({k: v.clone() for k, v in state.actor.state_dict().items()})
         return step
 
-    trainer.rollback_to_stable = spy
+    trainer.checkpoints.rollback_to_stable = spy
     trainer.fit(_NullTracker(), progress=sabotage)
 
     events = [json.loads(line) for line in (trainer.run_dir / "events.jsonl").read_text().splitlines()]
     rollbacks = [e for e in events if e["kind"] == "rollback"]
     assert rollbacks and rollbacks[0]["step"] == 4  # the blown-up weights are measured by step 4's rollout
     assert rollbacks[0]["rule"] == "kl_hard"
-    assert trainer.global_step == 7  # training went on after the rollback
+    assert trainer.state.step == 7  # training went on after the rollback
     assert len(restored) == len(rollbacks)
-    marks = {step: load_state(trainer.state.manager.path(step))["stable"] for step in (1, 2, 3)}
+    marks = {step: load_state(trainer.checkpoints.manager.path(step))["stable"] for step in (1, 2, 3)}
     assert marks == {1: True, 2: True, 3: False}  # 3 holds the blow-up, measured by step 4's rollout
-    stable = trainer.state.manager.path(2)
+    stable = trainer.checkpoints.manager.path(2)
     saved = load_file(stable / "actor" / "model.safetensors")
     for name, tensor in saved.items():
         assert torch.equal(restored[0][name], tensor), name
-    for step in trainer.state.manager.steps():
-        weights = load_file(trainer.state.manager.path(step) / "actor" / "model.safetensors")
+    for step in trainer.checkpoints.manager.steps():
+        weights = load_file(trainer.checkpoints.manager.path(step) / "actor" / "model.safetensors")
         assert all(torch.isfinite(t).all() for t in weights.values())
     # the rollback re-anchored the reference to the restored policy, and later checkpoints carry it
     reanchor = [e for e in events if e["kind"] == "reanchor_reference"]
     assert [(e["step"], e["old"], e["new"]) for e in reanchor] == [(4, 0, 2)]
-    assert trainer.reference_step == 2
-    last = trainer.state.manager.path(7)
-    assert not (trainer.state.manager.path(2) / "ref").exists()
+    assert trainer.state.reference_step == 2
+    last = trainer.checkpoints.manager.path(7)
+    assert not (trainer.checkpoints.manager.path(2) / "ref").exists()
     ref_saved = load_file(last / "ref" / "model.safetensors")
     for name, tensor in saved.items():
         assert torch.equal(ref_saved[name], tensor), name
     resumed = PPOTrainer(load_config(None, [*fast_overrides, *quiet, "guard.enable=true",
                                             "trainer.total_training_steps=7"]).config, log=lambda msg: None)
-    assert resumed.reference_step == 2
-    for name, tensor in resumed.ref.state_dict().items():
+    assert resumed.state.reference_step == 2
+    for name, tensor in resumed.state.ref.state_dict().items():
         assert torch.equal(tensor, ref_saved[name]), name
 
 

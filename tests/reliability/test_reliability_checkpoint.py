@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from klguard.errors import UserError
-from klguard.ppo.checkpointing import RunState, truncate_logs
+from klguard.ppo.checkpointing import Checkpoints, truncate_logs
 from klguard.runtime.checkpoint import (
     LATEST_FILE,
     MANIFEST_FILE,
@@ -81,17 +81,17 @@ def test_the_pointer_decides_and_partials_and_garbage_are_ignored(tmp_path):
 
 def test_retention_never_deletes_the_newest_stable_checkpoint(tmp_path):
     manager, _ = _manager(tmp_path, max_to_keep=2)
-    state = RunState(manager.run_dir, 2)
-    state.manager = manager
+    checkpoints = Checkpoints(manager.run_dir, 2)
+    checkpoints.manager = manager
     _save(manager, 1, 2)
-    state.mark_stable(2)
+    checkpoints.mark_stable(2)
     _save(manager, 3, 4, 5)
     assert manager.steps() == [2, 4, 5]
     assert load_state(manager.path(2))["stable"] and not load_state(manager.path(5))["stable"]
     assert manager.is_valid(2)  # the stable mark lives outside the manifest
-    assert state.latest_stable() == manager.path(2)
+    assert checkpoints.latest_stable() == manager.path(2)
     (manager.path(2) / STATE_FILE).write_text("{}")  # damaged: no stable checkpoint left to roll back to
-    assert state.latest_stable() is None
+    assert checkpoints.latest_stable() is None
 
 
 def test_resume_path_to_a_damaged_checkpoint_is_a_user_error(tmp_path):
@@ -99,7 +99,7 @@ def test_resume_path_to_a_damaged_checkpoint_is_a_user_error(tmp_path):
     _save(manager, 1)
     (manager.path(1) / "actor_optim.pt").write_bytes(b"junk")
     with pytest.raises(UserError, match=r"is a damaged checkpoint: actor_optim\.pt has 4 bytes"):
-        RunState(manager.run_dir, None).find_resume_checkpoint("resume_path", str(manager.path(1)))
+        Checkpoints(manager.run_dir, None).find_resume_checkpoint("resume_path", str(manager.path(1)))
 
 
 class _Payload:

@@ -62,11 +62,11 @@ def _train(config: Config) -> dict[str, float]:
 
     trainer = PPOTrainer(config, log=log)
     main = trainer.dist.is_main
-    if trainer.global_step > 0 and main:  # resumed: a killed run's lines after the checkpoint are redone
-        truncate_logs(trainer.run_dir, trainer.global_step)
+    if trainer.state.step > 0 and main:  # resumed: a killed run's lines after the checkpoint are redone
+        truncate_logs(trainer.run_dir, trainer.state.step)
     tracker = Tracking(config.trainer.logger if main else [], trainer.run_dir, project=config.trainer.project_name,
                        experiment=config.trainer.experiment_name, config=config_to_dict(config))
-    bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, desc="klguard train", unit="step",
+    bar = tqdm(total=trainer.total_steps, initial=trainer.state.step, desc="klguard train", unit="step",
                disable=not (config.trainer.progress_bar and main), file=sys.stderr, dynamic_ncols=True)
     try:
         with Preemption() as preemption:
@@ -87,9 +87,9 @@ def _train(config: Config) -> dict[str, float]:
         print(f"  report: {report}")
     elif config.trainer.report:
         print("  report: none (it reads metrics.jsonl: add jsonl to trainer.logger)")
-    if preemption.requested and trainer.global_step < trainer.total_steps:
-        latest = trainer.state.manager.latest()
-        print(f"klguard: stopped by {preemption.signal_name} after step {trainer.global_step}; latest checkpoint: "
+    if preemption.requested and trainer.state.step < trainer.total_steps:
+        latest = trainer.checkpoints.manager.latest()
+        print(f"klguard: stopped by {preemption.signal_name} after step {trainer.state.step}; latest checkpoint: "
               f"{latest}; rerun the same command to resume (trainer.resume_mode=auto)", file=sys.stderr)
     return last
 
@@ -103,6 +103,6 @@ def _print_summary(first: dict[str, float], last: dict[str, float], trainer: PPO
         print(f"{label:<22}{fmt(_pick(first, key)):>12}{fmt(_pick(last, key)):>12}")
     print(f"\nrun directory: {trainer.run_dir.resolve()}")
     print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}   config: {trainer.run_dir / 'config.yaml'}")
-    latest = trainer.state.manager.latest()
+    latest = trainer.checkpoints.manager.latest()
     if latest is not None:
         print(f"  latest checkpoint: {latest}")

@@ -33,22 +33,21 @@ from klguard.runtime.checkpoint import (
 )
 
 if TYPE_CHECKING:
-    from klguard.ppo.trainer import PPOTrainer
+    from klguard.config.schema import Config
+    from klguard.ppo.state import TrainState
 
 
-def _local_non_finite(trainer: PPOTrainer) -> str | None:
-    for prefix, model in (("actor", trainer.actor), ("critic", trainer.critic)):
-        if model is None:
-            continue
+def _local_non_finite(state: TrainState) -> str | None:
+    for prefix, model in state.models():
         for name, param in model.named_parameters():
             if not torch.isfinite(param.to_local() if isinstance(param, DTensor) else param).all():
                 return f"{prefix} weight {name}"
     return None
 
 
-def _first_non_finite(trainer: PPOTrainer) -> str | None:
+def _first_non_finite(state: TrainState) -> str | None:
     """The first non-finite weight (every rank gets an answer when any rank's shard has one)."""
-    bad = _local_non_finite(trainer)
+    bad = _local_non_finite(state)
     return (bad or "a weight shard of another rank") if any_rank(bad is not None) else None
 
 
@@ -97,10 +96,17 @@ REFERENCE_DIR = "ref"
 reference is the initial policy, loaded from the model path)."""
 
 
-class RunState:
-    def __init__(self, run_dir: Path, max_to_keep: int | None, dist: DistContext | None = None) -> None:
+class Checkpoints:
+    """The run directory's checkpoints: save a TrainState, resume it, roll its weights back to a stable one.
+
+    `policy_path` and `config` rebuild a model whose checkpoint holds HF folders (or, with no stable checkpoint yet,
+    the initial policy)."""
+
+    def __init__(self, run_dir: Path, max_to_keep: int | None, dist: DistContext | None = None, *,
+                 config: Config | None = None, policy_path: Path | None = None, log=print) -> None:
         self.dist = dist or DistContext()
         self.manager = CheckpointManager(run_dir, max_to_keep, dist=self.dist)
+        self.config, self.policy_path, self.log = config, policy_path, log
 
     def find_resume_checkpoint(self, mode: str, path: str | None) -> Path | None:
         if mode == "disable":
@@ -115,37 +121,25 @@ class RunState:
             return folder
         return self.manager.latest()
 
-    def save(self, trainer: PPOTrainer) -> Path | None:
+    def save(self, state: TrainState, *, guard_state: dict, tokenizer) -> Path | None:
         """Write a checkpoint unless a weight is not finite (a NaN is never written to disk)."""
-        bad = _first_non_finite(trainer)
+        bad = _first_non_finite(state)
         if bad is not None:
-            trainer.log(f"klguard: checkpoint at step {trainer.global_step} skipped: {bad} is not finite")
+            self.log(f"klguard: checkpoint at step {state.step} skipped: {bad} is not finite")
             return None
 
         def write(folder: Path) -> None:  # on every rank
-            _save_model(trainer.actor, folder / "actor", trainer.tokenizer, self.dist)
-            _save_optimizer(trainer.actor, trainer.actor_optim, folder, "actor", self.dist)
-            if trainer.critic is not None:
-                _save_model(trainer.critic, folder / "critic", None, self.dist)
-                _save_optimizer(trainer.critic, trainer.critic_optim, folder, "critic", self.dist)
-            if trainer.ref is not None and trainer.reference_step != 0:  # re-anchored by a guard rollback
-                _save_model(trainer.ref, folder / REFERENCE_DIR, None, self.dist)
+            _save_model(state.actor, folder / "actor", tokenizer, self.dist)
+            _save_optimizer(state.actor, state.actor_optim, folder, "actor", self.dist)
+            if state.critic is not None:
+                _save_model(state.critic, folder / "critic", None, self.dist)
+                _save_optimizer(state.critic, state.critic_optim, folder, "critic", self.dist)
+            if state.ref is not None and state.reference_step != 0:  # re-anchored by a guard rollback
+                _save_model(state.ref, folder / REFERENCE_DIR, None, self.dist)
 
-        state = {
-            "global_step": trainer.global_step,
-            "kl_ctrl": trainer.kl_ctrl.state_dict(),
-            "sampler": trainer.sampler.state_dict(),
-            "actor_sched": trainer.actor_sched.state_dict(),
-            "critic_sched": trainer.critic_sched.state_dict() if trainer.critic_sched else None,
-            "rng": rng_state(),
-            "guard": trainer.guard.state_dict(),
-            "stable": False,  # confirmed by mark_stable() once the next step has measured these weights
-            "lr_scale": trainer.lr_scale,
-            "actor_grad_clip": trainer.actor_grad_clip,
-            "kl_frozen": trainer.kl_frozen,
-            "reference_step": trainer.reference_step,
-        }
-        return self.manager.save(trainer.global_step, write, state)
+        # "stable" is confirmed by mark_stable() once the next step has measured these weights
+        saved = {**state.state_dict(), "rng": rng_state(), "guard": guard_state, "stable": False}
+        return self.manager.save(state.step, write, saved)
 
     def mark_stable(self, step: int) -> None:
         """Mark checkpoint `step` stable: the rollout that followed it kept every guard rule quiet."""
@@ -158,52 +152,67 @@ class RunState:
                 return self.manager.path(step)
         return None
 
-    def restore(self, folder: Path, trainer: PPOTrainer) -> int:
-        """Resume: sharded weights, optimizer, schedule, controller, guard, sampler and RNG state (the caller
-        loaded the models from the checkpoint's HF folders, or built them to take its DCP shards here)."""
-        state = load_state(folder)
+    def restore(self, folder: Path, state: TrainState) -> dict:
+        """Resume `state` from `folder`: sharded weights, optimizers, schedules, controller, sampler, the guard's
+        knobs and the RNGs (the caller loaded the models from the checkpoint's HF folders, or built them to take its
+        DCP shards here). Returns the guard's saved state."""
+        saved = load_state(folder)
         try:
-            for name, model in (("actor", trainer.actor), ("critic", trainer.critic), (REFERENCE_DIR, trainer.ref)):
+            models = (("actor", state.actor), ("critic", state.critic), (REFERENCE_DIR, state.ref))
+            for name, model in models:
                 if model is not None and is_dcp(folder / name):
                     load_weights(model, folder / name, fresh=None)
-            self._load_optimizers(folder, state, trainer)
-            trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
-            trainer.sampler.load_state_dict(state["sampler"])
-            trainer.guard.load_state_dict(state["guard"])
-            trainer.lr_scale, trainer.kl_frozen = state["lr_scale"], state["kl_frozen"]
-            trainer.actor_grad_clip = state["actor_grad_clip"]
-            trainer.reference_step = int(state.get("reference_step", 0))
-            trainer.apply_lr_scale()
-            set_rng_state(state["rng"])
-            return int(state["global_step"])
+            _load_optimizers(folder, state)
+            state.load_state_dict(saved)
+            set_rng_state(saved["rng"])
+            return saved["guard"]
         except (KeyError, ValueError, TypeError) as exc:
             raise UserError(f"checkpoint {folder} does not fit this run ({type(exc).__name__}: {exc}); "
                             "set trainer.resume_mode=disable or another trainer.default_local_dir") from None
 
-    def restore_weights(self, folder: Path, trainer: PPOTrainer) -> int:
-        """Rollback: weights and optimizer states only; returns the checkpoint's step."""
+    def restore_weights(self, folder: Path, state: TrainState) -> int:
+        """Rollback: weights, optimizer states and schedules only; returns the checkpoint's step."""
         from klguard.model.loading import load_critic, load_policy
 
-        state = load_state(folder)
-        cfg, device = trainer.cfg, trainer.device
-        load_weights(trainer.actor, folder / "actor",
+        saved = load_state(folder)
+        cfg, device = self.config, self.dist.device
+        load_weights(state.actor, folder / "actor",
                      lambda: load_policy(folder / "actor", cfg, trainable=True, device=device))
-        if trainer.critic is not None:
-            load_weights(trainer.critic, folder / "critic",
-                         lambda: load_critic(trainer.policy_path, cfg, device=device, resume_path=folder / "critic"))
-        self._load_optimizers(folder, state, trainer)
-        trainer.apply_lr_scale()
-        return int(state["global_step"])
+        if state.critic is not None:
+            load_weights(state.critic, folder / "critic",
+                         lambda: load_critic(self.policy_path, cfg, device=device, resume_path=folder / "critic"))
+        _load_optimizers(folder, state)
+        state.load_schedules(saved)
+        state.apply_lr_scale()
+        return int(saved["global_step"])
 
-    @staticmethod
-    def _load_optimizers(folder: Path, state: dict, trainer: PPOTrainer) -> None:
-        load_optimizer(trainer.actor, trainer.actor_optim, folder / "actor_optim",
-                       lambda: load_tensors(folder / "actor_optim.pt"))
-        trainer.actor_sched.load_state_dict(state["actor_sched"])
-        if trainer.critic is not None:
-            load_optimizer(trainer.critic, trainer.critic_optim, folder / "critic_optim",
-                           lambda: load_tensors(folder / "critic_optim.pt"))
-            trainer.critic_sched.load_state_dict(state["critic_sched"])
+    def rollback_to_stable(self, state: TrainState) -> int:
+        """Restore the weights and optimizer states of the newest stable checkpoint (the initial policy when there
+        is none); returns its step. The step counter, data position and guard state go on."""
+        from klguard.model.loading import load_critic, load_policy
+
+        folder = self.latest_stable()
+        if folder is not None:
+            step = self.restore_weights(folder, state)
+            self.log(f"klguard: rolled back to {folder}")
+            return step
+        cfg, device = self.config, self.dist.device
+        load_weights(state.actor, None, lambda: load_policy(self.policy_path, cfg, trainable=True, device=device))
+        if state.critic is not None:
+            load_weights(state.critic, None, lambda: load_critic(self.policy_path, cfg, device=device))
+        for optim in (state.actor_optim, state.critic_optim):
+            if optim is not None:
+                optim.state.clear()
+        self.log("klguard: rolled back to the initial policy (no stable checkpoint yet)")
+        return 0
+
+
+def _load_optimizers(folder: Path, state: TrainState) -> None:
+    load_optimizer(state.actor, state.actor_optim, folder / "actor_optim",
+                   lambda: load_tensors(folder / "actor_optim.pt"))
+    if state.critic is not None:
+        load_optimizer(state.critic, state.critic_optim, folder / "critic_optim",
+                       lambda: load_tensors(folder / "critic_optim.pt"))
 
 
 def truncate_logs(run_dir: Path, step: int) -> None:

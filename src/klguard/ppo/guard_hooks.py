@@ -1,4 +1,4 @@
-"""Applies the KL guard's actions to a running PPOTrainer, and writes them to `events.jsonl`.
+"""Applies the KL guard's actions to a run's TrainState, and writes them to `events.jsonl`.
 
 The guard decides (klguard.guard, metrics in, actions out); this module acts: it changes the KL
 coefficient and target, scales the actor's learning rate, tightens gradient clipping, rolls the
@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from klguard.distributed.sharded_checkpoint import copy_weights
 from klguard.guard import Action, KLGuard
 
 if TYPE_CHECKING:
-    from klguard.ppo.trainer import PPOTrainer
+    from klguard.config.schema import Config
+    from klguard.ppo.checkpointing import Checkpoints
+    from klguard.ppo.state import TrainState
 
 
 # What a user can change after a pause, by the rule that paused the run.
@@ -29,21 +32,21 @@ PAUSE_HINTS = {
 }
 
 
-class GuardRuntime:
-    def __init__(self, trainer: PPOTrainer) -> None:
-        cfg = trainer.cfg
-        self.trainer = trainer
-        self.guard = KLGuard(cfg.guard, total_steps=trainer.total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
+class GuardHooks:
+    """The guard of one run: feeds it each step's metrics and applies its actions to `state` (rollbacks through
+    `checkpoints`). `writes`: this process writes `events.jsonl` and prints the actions (rank 0)."""
+
+    def __init__(self, cfg: Config, state: TrainState, checkpoints: Checkpoints, *, total_steps: int,
+                 run_dir: Path, writes: bool, log=print) -> None:
+        self.state, self.checkpoints, self.log = state, checkpoints, log
+        self.enabled = cfg.guard.enable
+        self.guard = KLGuard(cfg.guard, total_steps=total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
                              kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
                              kl_controlled=cfg.algorithm.kl_ctrl.type != "fixed" and cfg.algorithm.use_kl_in_reward)
-        self.events_path = Path(trainer.run_dir) / "events.jsonl"
-        self.writes = trainer.dist.is_main  # rank 0 only
+        self.events_path = Path(run_dir) / "events.jsonl"
+        self.writes = writes
         self.pause_reason: str | None = None
         self.last_rollback_step: int | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.trainer.cfg.guard.enable
 
     def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Feed one step's metrics to the guard, apply its actions, return the `guard/*` metrics."""
@@ -54,32 +57,40 @@ class GuardRuntime:
         return self.guard.guard_metrics()
 
     def _apply(self, action: Action) -> None:
-        tr = self.trainer
+        state = self.state
         self._record(action)
         if action.kind == "cut_lr":
-            tr.lr_scale = action.new
-            tr.apply_lr_scale()
+            state.lr_scale = action.new
+            state.apply_lr_scale()
         elif action.kind in ("raise_kl_coef", "freeze_kl_coef"):
-            tr.kl_ctrl.value = action.new
-            tr.kl_frozen = action.kind == "freeze_kl_coef" or tr.kl_frozen
+            state.kl_ctrl.value = action.new
+            state.kl_frozen = action.kind == "freeze_kl_coef" or state.kl_frozen
         elif action.kind == "release_kl_coef":
-            tr.kl_frozen = False
+            state.kl_frozen = False
             if action.new is not None:
-                tr.kl_ctrl.value = action.new
+                state.kl_ctrl.value = action.new
         elif action.kind == "lower_target_kl":
-            tr.kl_ctrl.target_kl = action.new
+            state.kl_ctrl.target_kl = action.new
         elif action.kind == "set_grad_clip":
-            tr.actor_grad_clip = action.new
+            state.actor_grad_clip = action.new
         elif action.kind == "rollback":
             self.last_rollback_step = action.step
-            restored = tr.rollback_to_stable()
+            restored = self.checkpoints.rollback_to_stable(state)
             for follow_up in self.guard.on_rollback(restored):
                 self._apply(follow_up)
         elif action.kind == "reanchor_reference":
-            tr.reanchor_reference(int(action.new))
+            self._reanchor_reference(int(action.new))
         elif action.kind == "pause":
             hint = PAUSE_HINTS.get(action.rule, "adjust the guard.* threshold named above")
             self.pause_reason = f"{action.reason} To go on: {hint}, then rerun (trainer.resume_mode=auto resumes)."
+
+    def _reanchor_reference(self, step: int) -> None:
+        """Make the reference a frozen copy of the current (just restored) policy of step `step`."""
+        if self.state.ref is None:
+            return
+        copy_weights(self.state.actor, self.state.ref)
+        self.state.reference_step = step
+        self.log(f"klguard: the reference is now the policy of step {step}")
 
     def _record(self, action: Action) -> None:
         if not self.writes:

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
+from klguard.algo.kl import build_kl_controller
 from klguard.config.schema import BUILTIN_MODEL, Config, OptimConfig
 from klguard.data.arith import write_arith_parquet
 from klguard.data.dataset import load_rl_dataset
+from klguard.data.sampler import PromptSampler
 from klguard.distributed.context import DistContext
 from klguard.model.loading import check_model_folder
+from klguard.ppo.state import TrainState
 from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
-
-if TYPE_CHECKING:
-    from klguard.ppo.trainer import PPOTrainer
 
 
 def resolve_model_path(cfg: Config, *, log=print) -> Path:
@@ -90,26 +89,50 @@ def _shard(model: torch.nn.Module, cfg: Config, ctx: DistContext, role: str) -> 
                        param_dtype=compute_dtype(dtype, ctx.device))
 
 
-def load_models(trainer: PPOTrainer, resume_from: Path | None) -> None:
-    """The actor, the reference and the critic, from the policy or an HF-layout checkpoint, sharded under
-    torchrun. A sharded (DCP) checkpoint's weights are loaded later, into the sharded models (RunState.restore)."""
+def uses_critic(cfg: Config) -> bool:
+    """critic.enable, or (null) whether the advantage estimator is GAE."""
+    return cfg.critic.enable if cfg.critic.enable is not None else cfg.algorithm.adv_estimator == "gae"
+
+
+def uses_reference(cfg: Config) -> bool:
+    """The reference policy is needed for the KL in the reward or for the KL loss."""
+    return cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
+
+
+def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: Path | None
+                ) -> tuple[torch.nn.Module, torch.nn.Module | None, torch.nn.Module | None]:
+    """(actor, reference, critic) from the policy or an HF-layout checkpoint, sharded under torchrun. A sharded
+    (DCP) checkpoint's weights are loaded later, into the sharded models (Checkpoints.restore)."""
     from klguard.distributed.sharded_checkpoint import is_dcp
     from klguard.model.loading import load_critic, load_policy
     from klguard.ppo.checkpointing import REFERENCE_DIR
 
-    cfg, ctx, device = trainer.cfg, trainer.dist, trainer.device
+    device = ctx.device
 
     def hf_folder(name: str) -> Path | None:
         folder = resume_from / name if resume_from is not None else None
         return folder if folder is not None and folder.is_dir() and not is_dcp(folder) else None
 
-    actor = load_policy(hf_folder("actor") or trainer.policy_path, cfg, trainable=True, device=device)
-    trainer.actor = _shard(actor, cfg, ctx, "actor")
-    trainer.ref = None
-    if trainer.use_ref:
-        ref = load_policy(hf_folder(REFERENCE_DIR) or trainer.policy_path, cfg, trainable=False, device=device)
-        trainer.ref = _shard(ref, cfg, ctx, "ref")
-    trainer.critic = None
-    if trainer.use_critic:
-        critic = load_critic(trainer.policy_path, cfg, device=device, resume_path=hf_folder("critic"))
-        trainer.critic = _shard(critic, cfg, ctx, "critic")
+    actor = _shard(load_policy(hf_folder("actor") or policy_path, cfg, trainable=True, device=device), cfg, ctx,
+                   "actor")
+    ref = critic = None
+    if uses_reference(cfg):
+        ref = load_policy(hf_folder(REFERENCE_DIR) or policy_path, cfg, trainable=False, device=device)
+        ref = _shard(ref, cfg, ctx, "ref")
+    if uses_critic(cfg):
+        critic = load_critic(policy_path, cfg, device=device, resume_path=hf_folder("critic"))
+        critic = _shard(critic, cfg, ctx, "critic")
+    return actor, ref, critic
+
+
+def build_train_state(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: Path | None,
+                      sampler: PromptSampler, total_steps: int) -> TrainState:
+    """The run's models, optimizers, schedules and KL controller at step 0 (Checkpoints.restore resumes it)."""
+    actor, ref, critic = load_models(cfg, ctx, policy_path, resume_from)
+    actor_optim, actor_sched = build_optimizer(actor, cfg.actor_rollout_ref.actor.optim, total_steps)
+    critic_optim, critic_sched = (build_optimizer(critic, cfg.critic.optim, total_steps) if critic is not None
+                                  else (None, None))
+    return TrainState(actor=actor, actor_optim=actor_optim, actor_sched=actor_sched,
+                      kl_ctrl=build_kl_controller(**vars(cfg.algorithm.kl_ctrl)), sampler=sampler,
+                      actor_grad_clip=cfg.actor_rollout_ref.actor.grad_clip, ref=ref, critic=critic,
+                      critic_optim=critic_optim, critic_sched=critic_sched)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from klguard.algo.advantage import compute_advantage
-from klguard.algo.kl import build_kl_controller, kl_penalty
+from klguard.algo.kl import kl_penalty
 from klguard.algo.stats import masked_mean
 from klguard.config import Config, ConfigError, config_to_yaml
 from klguard.config.validate import validate_world
@@ -27,25 +27,13 @@ from klguard.data.sampler import PromptSampler
 from klguard.distributed import RowLayout, any_rank, assert_same_across_ranks, gather_objects, init_distributed
 from klguard.distributed.context import world_size_from_env
 from klguard.distributed.fsdp import local_numel, unsharded
-from klguard.distributed.sharded_checkpoint import copy_weights, load_weights
-from klguard.model.loading import (
-    load_critic,
-    load_policy,
-    load_tokenizer,
-    precision_scope,
-)
-from klguard.ppo.checkpointing import RunState
-from klguard.ppo.guard_hooks import GuardRuntime
+from klguard.model.loading import load_tokenizer, precision_scope
+from klguard.ppo.checkpointing import Checkpoints
+from klguard.ppo.guard_hooks import GuardHooks
 from klguard.ppo.metrics import rollout_metrics
 from klguard.ppo.rollout import generate_rows
 from klguard.ppo.scoring import score_rollout, validate_policy
-from klguard.ppo.setup import (
-    build_datasets,
-    build_optimizer,
-    load_models,
-    resolve_model_path,
-    resolve_tokenizer_path,
-)
+from klguard.ppo.setup import build_datasets, build_train_state, resolve_model_path, resolve_tokenizer_path
 from klguard.ppo.shared_prefix import sequence_logprobs, sequence_values
 from klguard.ppo.update import (
     NonFiniteError,
@@ -84,43 +72,32 @@ class PPOTrainer:
             raise ConfigError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training "
                               f"set ({len(self.train_data)} prompts)")
         self.policy_path = main_first(lambda: resolve_model_path(config, log=self.log))
-        self.use_critic = config.critic.enable if config.critic.enable is not None else (
-            config.algorithm.adv_estimator == "gae")
-        self.use_ref = config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
-        self.sampler = PromptSampler(len(self.train_data), config.data.train_batch_size, shuffle=config.data.shuffle,
-                                     seed=tr.seed if config.data.seed is None else config.data.seed)
-        self.total_steps = tr.total_training_steps or tr.total_epochs * self.sampler.batches_per_epoch
-        self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
+        sampler = PromptSampler(len(self.train_data), config.data.train_batch_size, shuffle=config.data.shuffle,
+                                seed=tr.seed if config.data.seed is None else config.data.seed)
+        self.total_steps = tr.total_training_steps or tr.total_epochs * sampler.batches_per_epoch
         self.rewards = RewardManager(config, self.tokenizer, device=self.device)
-        self.state = RunState(self.run_dir, tr.max_actor_ckpt_to_keep, self.dist)
-        self.global_step = 0
-
-        resume_from = self.state.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)
-        load_models(self, resume_from)  # self.actor, self.ref, self.critic; sharded under torchrun
-        self.reference_step = 0  # set by re-anchoring; restored from the guard state on resume
-        self.actor_optim, self.actor_sched = build_optimizer(self.actor, config.actor_rollout_ref.actor.optim,
-                                                             self.total_steps)
-        self.critic_optim, self.critic_sched = (build_optimizer(self.critic, config.critic.optim, self.total_steps)
-                                                if self.critic is not None else (None, None))
-        self.lr_scale = 1.0  # the guard's multiplier of the scheduled actor lr
-        self.actor_grad_clip = config.actor_rollout_ref.actor.grad_clip
-        self.kl_frozen = False  # the guard's warm-up holds the KL coefficient
-        self.guard = GuardRuntime(self)
+        self.checkpoints = Checkpoints(self.run_dir, tr.max_actor_ckpt_to_keep, self.dist, config=config,
+                                       policy_path=self.policy_path, log=self.log)
+        resume_from = self.checkpoints.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)
+        self.state = build_train_state(config, self.dist, self.policy_path, resume_from, sampler, self.total_steps)
+        self.guard = GuardHooks(config, self.state, self.checkpoints, total_steps=self.total_steps,
+                                run_dir=self.run_dir, writes=self.dist.is_main, log=self.log)
         self.profiler = build_profiler(config, self.dist.rank, self.device, self.log)
         if resume_from:
-            self.global_step = self.state.restore(resume_from, self)
-            log(f"klguard: resumed from {resume_from} at step {self.global_step}")
+            self.guard.load_state_dict(self.checkpoints.restore(resume_from, self.state))
+            log(f"klguard: resumed from {resume_from} at step {self.state.step}")
 
     # ------------------------------------------------------------------ one PPO step
     def train_step(self) -> dict[str, float]:
-        cfg, step = self.cfg, self.global_step
+        cfg, state = self.cfg, self.state
+        step = state.step
         rollout_cfg, actor_cfg = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
         self.dist.maybe_inject_failure(step)
         timing: dict[str, float] = {}
         started = time.perf_counter()
 
         # 1. prompts: each repeated rollout.n times, consecutive, so groups share an index
-        rows = [self.train_data[i] for i in self.sampler.next_batch() for _ in range(rollout_cfg.n)]
+        rows = [self.train_data[i] for i in state.sampler.next_batch() for _ in range(rollout_cfg.n)]
         group_index = torch.arange(len(rows)) // rollout_cfg.n
         prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
         world = self.dist.world_size  # this rank's share of every mini-batch; identity for one process
@@ -128,11 +105,11 @@ class PPOTrainer:
         layout = RowLayout(len(rows), actor_cfg.ppo_mini_batch_size * rollout_cfg.n, self.dist.rank, world)
 
         # 2. rollout: sampled with the KV cache; old log-probs come from the same weights (unsharded for it)
-        with (_timed(timing, "gen"), unsharded(self.actor, actor_cfg.fsdp_config.reshard_after_forward, timing),
-              precision_scope(self.actor)):
-            self.actor.eval()
+        with (_timed(timing, "gen"), unsharded(state.actor, actor_cfg.fsdp_config.reshard_after_forward, timing),
+              precision_scope(state.actor)):
+            state.actor.eval()
             out = generate_rows(
-                self.actor, prompt_ids.to(self.device), prompt_mask.to(self.device), layout.index, layout.order,
+                state.actor, prompt_ids.to(self.device), prompt_mask.to(self.device), layout.index, layout.order,
                 max_new_tokens=cfg.data.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id, temperature=rollout_cfg.temperature,
                 top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, do_sample=rollout_cfg.do_sample,
@@ -153,10 +130,10 @@ class PPOTrainer:
         # 4. reference log-probs and the KL penalty in the reward
         ref_logprobs, kl_metrics = None, {}
         token_rewards = token_scores
-        if self.ref is not None:
+        if state.ref is not None:
             with _timed(timing, "ref"), torch.no_grad():
                 ref_logprobs = layout.gather(sequence_logprobs(
-                    self.ref, layout.local(input_ids), layout.local(attention_mask), mask.shape[1],
+                    state.ref, layout.local(input_ids), layout.local(attention_mask), mask.shape[1],
                     rollout_cfg.temperature, share_prompt=share,
                     micro_batch_size=cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu))
             kl = kl_penalty(out.old_logprobs, ref_logprobs, cfg.algorithm.kl_penalty)
@@ -164,12 +141,12 @@ class PPOTrainer:
             kl = kl * mask
             current_kl = masked_mean(kl, mask, dim=-1).mean().item()  # verl: mean over sequences of token means
             kl_seq_sum = kl.sum(-1).mean().item()
-            beta = self.kl_ctrl.value
+            beta = state.kl_ctrl.value
             if cfg.algorithm.use_kl_in_reward:
                 token_rewards = token_scores - beta * kl
                 controlled = kl_seq_sum if cfg.algorithm.kl_ctrl.kl_unit == "seq_sum" else current_kl
-                if not self.kl_frozen:
-                    self.kl_ctrl.update(controlled, n_steps=len(rows))
+                if not state.kl_frozen:
+                    state.kl_ctrl.update(controlled, n_steps=len(rows))
             kl_metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta,
                           "actor/kl_seq_sum": kl_seq_sum}
 
@@ -177,11 +154,11 @@ class PPOTrainer:
         # and advantages
         values = vpreds = None
         critic_mini = cfg.critic.ppo_mini_batch_size * rollout_cfg.n // world
-        if self.critic is not None:
+        if state.critic is not None:
             in_update = critic_values_in_update(cfg.critic, len(layout.index), critic_mini)
             with _timed(timing, "values"), torch.set_grad_enabled(in_update):
-                self.critic.train(in_update)
-                local = sequence_values(self.critic, layout.local(input_ids), layout.local(attention_mask),
+                state.critic.train(in_update)
+                local = sequence_values(state.critic, layout.local(input_ids), layout.local(attention_mask),
                                         mask.shape[1], share_prompt=share)
                 values = layout.gather(local.detach()) * mask
                 vpreds = local if in_update else None
@@ -199,35 +176,35 @@ class PPOTrainer:
         update_metrics: dict[str, float] = {}
         nonfinite: list[str] = []  # loss terms or grad norms whose mini-batch was not applied
         gen = step_generator(cfg.trainer.seed, step, 1, torch.device("cpu"))
-        if self.critic is not None:
+        if state.critic is not None:
             with _timed(timing, "update_critic"):
-                update_metrics |= update_critic(self.critic, self.critic_optim, batch, cfg.critic,
+                update_metrics |= update_critic(state.critic, state.critic_optim, batch, cfg.critic,
                                                 mini_batch_size=critic_mini, generator=gen, nonfinite=nonfinite,
                                                 share_prompt=share)
-            self.critic_sched.step()
+            state.critic_sched.step()
         if step >= cfg.trainer.critic_warmup:
             with _timed(timing, "update_actor"):
-                update_metrics |= update_actor(self.actor, self.actor_optim, batch, actor_cfg,
+                update_metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg,
                                                mini_batch_size=actor_cfg.ppo_mini_batch_size * rollout_cfg.n // world,
                                                temperature=rollout_cfg.temperature, generator=gen,
-                                               grad_clip=self.actor_grad_clip, nonfinite=nonfinite,
+                                               grad_clip=state.actor_grad_clip, nonfinite=nonfinite,
                                                share_prompt=share)
-            update_metrics["actor/grad_clip"] = self.actor_grad_clip
-            self.actor_sched.step()
-            self.apply_lr_scale()
+            update_metrics["actor/grad_clip"] = state.actor_grad_clip
+            state.actor_sched.step()
+            state.apply_lr_scale()
 
         # 7. metrics (the reshard time's share of the step: the unshard/reshard around generation)
         timing["step"] = time.perf_counter() - started
         share = {"perf/reshard_share": timing["reshard"] / timing["step"]} if "reshard" in timing else {}
-        self.global_step += 1
+        state.step += 1
         for where in nonfinite:
-            self.guard.record_nonfinite(self.global_step, where)
+            self.guard.record_nonfinite(state.step, where)
         return {
             **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
             **kl_metrics, **update_metrics,
             **{f"timing_s/{k}": v for k, v in timing.items()},
             "perf/throughput": float(out.attention_mask.sum()) / timing["step"], **share,
-            "training/global_step": self.global_step, "training/epoch": self.sampler.epoch,
+            "training/global_step": state.step, "training/epoch": state.sampler.epoch,
             "training/nonfinite_skipped": float(bool(nonfinite)),
         }
 
@@ -235,52 +212,22 @@ class PPOTrainer:
         return score_rollout(self.rewards, self.tokenizer, rows, out)
 
     def validate(self) -> dict[str, float]:
-        with unsharded(self.actor, self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward, {}):
-            return validate_policy(self.actor, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
+        with unsharded(self.state.actor, self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward, {}):
+            return validate_policy(self.state.actor, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
 
-    # ------------------------------------------------------------------ guard hooks
-    def apply_lr_scale(self) -> None:
-        """Scheduled lr times the guard's scale (LambdaLR recomputes from base lrs every step)."""
-        for group, base in zip(self.actor_optim.param_groups, self.actor_sched.get_last_lr(), strict=True):
-            group["lr"] = base * self.lr_scale
-
-    def rollback_to_stable(self) -> int:
-        """Restore the weights and optimizer states of the newest stable checkpoint (the initial
-        policy when there is none); the step counter, data position and guard state go on."""
-        folder = self.state.latest_stable()
-        if folder is None:
-            load_weights(self.actor, None, lambda: load_policy(self.policy_path, self.cfg, trainable=True,
-                                                               device=self.device))
-            if self.critic is not None:
-                load_weights(self.critic, None, lambda: load_critic(self.policy_path, self.cfg, device=self.device))
-            for optim in (self.actor_optim, self.critic_optim):
-                if optim is not None:
-                    optim.state.clear()
-            self.log("klguard: rolled back to the initial policy (no stable checkpoint yet)")
-            return 0
-        step = self.state.restore_weights(folder, self)
-        self.log(f"klguard: rolled back to {folder}")
-        return step
-
-    def reanchor_reference(self, step: int) -> None:
-        """Make the reference a frozen copy of the current (just restored) policy of step `step`."""
-        if self.ref is None:
-            return
-        copy_weights(self.actor, self.ref)
-        self.reference_step = step
-        self.log(f"klguard: the reference is now the policy of step {step}")
-
+    # ------------------------------------------------------------------ checks
     def check_ranks(self, step: int, metrics: dict[str, float]) -> None:
         """trainer.debug: assert that every rank holds the same KL coefficient, guard state and metrics, and
         write each rank's coefficient and share of the actor's parameters to `rank_checks.jsonl`."""
         same = {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
-        same |= {"kl_coef": self.kl_ctrl.value, "kl_frozen": float(self.kl_frozen), "lr_scale": self.lr_scale,
-                 "paused": float(self.guard.pause_reason is not None), "reference_step": float(self.reference_step)}
+        state = self.state
+        same |= {"kl_coef": state.kl_ctrl.value, "kl_frozen": float(state.kl_frozen), "lr_scale": state.lr_scale,
+                 "paused": float(self.guard.pause_reason is not None), "reference_step": float(state.reference_step)}
         ranks = assert_same_across_ranks(same, f"step {step}")
-        params = gather_objects(local_numel(self.actor))
+        params = gather_objects(local_numel(state.actor))
         if self.dist.is_main:
             record = {"step": step, "kl_coef": [r["kl_coef"] for r in ranks], "actor_params": params,
-                      "actor_params_total": sum(p.numel() for p in self.actor.parameters())}
+                      "actor_params_total": sum(p.numel() for p in state.actor.parameters())}
             with open(self.run_dir / "rank_checks.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
 
@@ -290,22 +237,23 @@ class PPOTrainer:
         steps in a row, or once `preemption.requested` (klguard.runtime.preemption), always with a checkpoint."""
         tr = self.cfg.trainer
         last: dict[str, float] = {}
-        if tr.val_before_train and self.global_step == 0:
+        state = self.state
+        if tr.val_before_train and state.step == 0:
             last = self.validate()
             self.guard.observe(0, last)
             tracker.log(last, step=0)
         pending_stable: int | None = None  # the last checkpoint, stable once the next step confirms it
         nonfinite_run = 0  # consecutive steps with a NaN/Inf somewhere
-        while self.global_step < self.total_steps and self.guard.pause_reason is None:
-            with self.profiler.step(self.global_step + 1):  # global_profiler: the step and its validation
+        while state.step < self.total_steps and self.guard.pause_reason is None:
+            with self.profiler.step(state.step + 1):  # global_profiler: the step and its validation
                 try:
                     metrics = self.train_step()
                 except NonFiniteError as exc:  # rewards, log-probs, KL or values: nothing of this step is applied
-                    self.global_step += 1
-                    self.guard.record_nonfinite(self.global_step, exc.where)
-                    metrics = {"training/global_step": self.global_step, "training/epoch": self.sampler.epoch,
+                    state.step += 1
+                    self.guard.record_nonfinite(state.step, exc.where)
+                    metrics = {"training/global_step": state.step, "training/epoch": state.sampler.epoch,
                                "training/nonfinite_skipped": 1.0}
-                step = self.global_step
+                step = state.step
                 is_last = step >= self.total_steps
                 if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
                     with phase("validate"):
@@ -321,12 +269,13 @@ class PPOTrainer:
                     "reward function or lower actor_rollout_ref.actor.optim.lr, then rerun (trainer.resume_mode=auto "
                     "resumes).")
             if pending_stable is not None and not skipped and self.guard.confirms(step):
-                self.state.mark_stable(pending_stable)  # its weights were just measured and found calm
+                self.checkpoints.mark_stable(pending_stable)  # its weights were just measured and found calm
             pending_stable = None
             tracker.log(metrics, step=step)
             stopping = preemption is not None and any_rank(preemption.requested)  # a signal to one rank stops all
             if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last or self.guard.pause_reason or stopping:
-                pending_stable = step if self.state.save(self) is not None else None
+                saved = self.checkpoints.save(state, guard_state=self.guard.state_dict(), tokenizer=self.tokenizer)
+                pending_stable = step if saved is not None else None
             if progress is not None:
                 progress(step, metrics)
             last = metrics
@@ -334,7 +283,7 @@ class PPOTrainer:
                 break
         self.profiler.close()  # a continuous window the run did not finish
         if self.guard.pause_reason:
-            self.log(f"klguard: paused at step {self.global_step}: {self.guard.pause_reason}")
+            self.log(f"klguard: paused at step {state.step}: {self.guard.pause_reason}")
         return last
 
 
