@@ -23,7 +23,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from klguard.ppo.rollout import generate
+from klguard.ppo.rollout import SamplingParams, generate
 
 B, PROMPT_LEN, VOCAB, PAD, EOS = 64, 16, 256, 0, 2
 
@@ -61,8 +61,9 @@ def main() -> None:
            "python": platform.python_version(), "lengths": []}
     for new_tokens in args.new_tokens:
         def ours(compiled: bool, new_tokens: int = new_tokens) -> object:
-            return generate(model, ids, mask, max_new_tokens=new_tokens, eos_token_id=EOS, pad_token_id=PAD,
-                            ignore_eos=True, generator=gen, compile_step=compiled)
+            params = SamplingParams(max_new_tokens=new_tokens, eos_token_id=EOS, pad_token_id=PAD, ignore_eos=True,
+                                    compile_step=compiled)
+            return generate(model, ids, mask, params, generator=gen)
 
         def hf(new_tokens: int = new_tokens) -> object:
             with torch.inference_mode():

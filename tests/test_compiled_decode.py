@@ -46,8 +46,8 @@ def prompts(groups: int, group: int, lengths: list[int], seed: int) -> tuple[tor
 def both(model, ids, mask, **kw) -> tuple[ro.RolloutBatch, ro.RolloutBatch]:
     def run(compiled: bool) -> ro.RolloutBatch:
         gen = torch.Generator().manual_seed(7)
-        return ro.generate(model, ids, mask, pad_token_id=PAD, eos_token_id=EOS_SET, generator=gen,
-                           compile_step=compiled, **kw)
+        params = ro.SamplingParams(pad_token_id=PAD, eos_token_id=EOS_SET, compile_step=compiled, **kw)
+        return ro.generate(model, ids, mask, params, generator=gen)
 
     return run(False), run(True)
 

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import klguard.ppo.rollout as ro
-from klguard.ppo.rollout import RolloutBatch, compute_logprobs, filter_logits, generate, position_ids_from_mask
+from klguard.ppo.rollout import (
+    RolloutBatch,
+    SamplingParams,
+    compute_logprobs,
+    filter_logits,
+    generate,
+    position_ids_from_mask,
+)
 
 VOCAB, PAD, EOS = 24, 0, 2
 EOS_SET = [2, 5, 7, 11]  # several EOS ids so a random model finishes rows early
@@ -53,7 +60,7 @@ def run(model, prompts=PROMPTS, seed: int | None = 0, **kw) -> RolloutBatch:
     kw.setdefault("max_new_tokens", 12)
     kw.setdefault("eos_token_id", EOS_SET)
     gen = None if seed is None else torch.Generator().manual_seed(seed)
-    return generate(model, ids, mask, pad_token_id=PAD, generator=gen, **kw)
+    return generate(model, ids, mask, SamplingParams(pad_token_id=PAD, **kw), generator=gen)
 
 
 def check_invariants(b: RolloutBatch, R: int, eos: list[int]) -> None:

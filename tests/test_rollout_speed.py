@@ -65,11 +65,9 @@ SETTINGS = {
 
 def generate(model, ids, mask, *, fast: bool, seed: int = 0, **kw) -> ro.RolloutBatch:
     kw = {"max_new_tokens": 12, "eos_token_id": EOS, **kw}
-    before, ro._SHARE_PREFILL = ro._SHARE_PREFILL, fast
-    try:
-        return ro.generate(model, ids, mask, pad_token_id=PAD, generator=torch.Generator().manual_seed(seed), **kw)
-    finally:
-        ro._SHARE_PREFILL = before
+    rows = kw.pop("sample_rows", None)
+    params = ro.SamplingParams(pad_token_id=PAD, share_prefill=fast, **kw)
+    return ro.generate(model, ids, mask, params, generator=torch.Generator().manual_seed(seed), sample_rows=rows)
 
 
 def assert_same(a: ro.RolloutBatch, b: ro.RolloutBatch) -> None:

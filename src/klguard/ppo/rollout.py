@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -18,13 +19,28 @@ from klguard.distributed import gather_rows, is_distributed
 from klguard.model.forward_args import forward_args
 from klguard.ppo.compiled_decode import capacity_for, compiled_decoder
 
-__all__ = ["RolloutBatch", "compute_logprobs", "filter_logits", "generate", "generate_rows", "position_ids_from_mask",
-           "prompt_runs", "run_rows"]
+__all__ = ["RolloutBatch", "SamplingParams", "compute_logprobs", "filter_logits", "generate", "generate_rows",
+           "position_ids_from_mask", "prompt_runs", "run_rows"]
 
 
-# Prefill each run of identical consecutive prompts once (results as without, up to float rounding);
-# switched off only by tests comparing both paths.
-_SHARE_PREFILL = True
+@dataclass(frozen=True)
+class SamplingParams:
+    """How responses are sampled (``actor_rollout_ref.rollout.*``, or its ``val_kwargs`` at validation)."""
+
+    max_new_tokens: int
+    eos_token_id: int | list[int]
+    pad_token_id: int
+    temperature: float = 1.0
+    top_k: int = -1  # -1: off
+    top_p: float = 1.0
+    do_sample: bool = True  # False, or temperature <= 0: greedy
+    ignore_eos: bool = False  # generate max_new_tokens whatever the EOS
+    compile_step: bool = False  # the compiled decode step over a static cache (klguard.ppo.compiled_decode)
+    share_prefill: bool = True  # prefill each run of identical consecutive prompts once (same tokens either way)
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0
 
 
 @dataclass
@@ -196,109 +212,124 @@ def _pick(logits: Tensor, greedy: bool, temperature: float, top_k: int, top_p: f
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
-             eos_token_id: int | list[int], pad_token_id: int, temperature: float = 1.0, top_k: int = -1,
-             top_p: float = 1.0, do_sample: bool = True, ignore_eos: bool = False,
-             generator: torch.Generator | None = None, sample_rows: tuple[Tensor, int] | None = None,
-             compile_step: bool = False) -> RolloutBatch:
-    """Sample up to ``max_new_tokens`` per left-padded prompt using the model's KV cache.
+def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, *,
+             generator: torch.Generator | None = None, sample_rows: tuple[Tensor, int] | None = None
+             ) -> RolloutBatch:
+    """Sample up to ``params.max_new_tokens`` per left-padded prompt using the model's KV cache.
 
-    ``sample_rows`` (see ``_sample``): the prompts are these rows of a larger batch split over ranks.
-    ``compile_step``: decode with the compiled step over a static cache (``klguard.ppo.compiled_decode``; falls back
-    to the eager loop where it cannot run).
+    ``sample_rows`` (see ``_sample``): the prompts are these rows of a larger batch split over ranks. With
+    ``params.compile_step`` the decode step runs compiled over a static cache (``klguard.ppo.compiled_decode``;
+    it falls back to the eager loop where it cannot run).
 
-    ``do_sample=False`` or ``temperature <= 0`` is greedy. The decode loop runs under
-    ``torch.inference_mode``; the returned tensors are ordinary (cloned outside it) so the trainer
-    can use them in autograd-tracked computations (e.g. embedding lookups in the PPO update).
+    The decode loop runs under ``torch.inference_mode``; the returned tensors are ordinary (cloned outside it) so
+    the trainer can use them in autograd-tracked computations (e.g. embedding lookups in the PPO update).
     """
     with torch.inference_mode():
-        out = _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
-                      temperature, top_k, top_p, do_sample, ignore_eos, generator, sample_rows, compile_step)
+        out = _decode(model, prompt_ids, prompt_mask, params, generator, sample_rows)
     response, resp_mask, logprobs = (t.clone() for t in out)
     return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, logprobs, resp_mask.sum(-1))
 
 
 def generate_rows(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, index: Tensor, order: Tensor,
-                  **kwargs) -> RolloutBatch:
+                  params: SamplingParams, *, generator: torch.Generator | None = None) -> RolloutBatch:
     """``generate`` for this rank's rows ``index`` of the batch, then every rank's rows gathered back in batch
     order (``order``: all ranks' indices, in rank order); each row samples as it would in the whole batch.
     One process: plain ``generate`` of the whole batch. The model must not need collectives per forward
     (sharded models are unsharded around this, klguard.distributed.fsdp.unsharded)."""
     if not is_distributed():
-        return generate(model, prompt_ids, prompt_mask, **kwargs)
+        return generate(model, prompt_ids, prompt_mask, params, generator=generator)
     idx = index.to(prompt_ids.device)
     if len(idx):
-        out = generate(model, prompt_ids[idx], prompt_mask[idx], sample_rows=(idx, len(prompt_ids)), **kwargs)
+        out = generate(model, prompt_ids[idx], prompt_mask[idx], params, generator=generator,
+                       sample_rows=(idx, len(prompt_ids)))
         parts = (out.response_ids, out.response_mask, out.old_logprobs)
     else:  # more ranks than rows (a small validation batch)
-        width = kwargs["max_new_tokens"]
+        width = params.max_new_tokens
         parts = (prompt_ids.new_empty(0, width), prompt_ids.new_empty(0, width),
                  torch.empty(0, width, device=prompt_ids.device))
     response, mask, logprobs = (gather_rows(t, order) for t in parts)
     return RolloutBatch(prompt_ids, prompt_mask, response, mask, logprobs, mask.sum(-1))
 
 
-def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, R: int,
-            eos_token_id: int | list[int], pad_token_id: int, temperature: float, top_k: int, top_p: float,
-            do_sample: bool, ignore_eos: bool, generator: torch.Generator | None,
-            sample_rows: tuple[Tensor, int] | None = None, compile_step: bool = False
-            ) -> tuple[Tensor, Tensor, Tensor]:
-    """The KV-cache decode loop; returns ``(response_ids, response_mask, old_logprobs)``."""
-    bsz, plen = prompt_ids.shape
-    dev = prompt_ids.device
-    greedy = not do_sample or temperature <= 0
-    eos = torch.as_tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=dev)
-    # Preallocated buffers; every step writes one column, nothing grows.
-    response = torch.full((bsz, R), pad_token_id, dtype=torch.long, device=dev)
-    logprobs = torch.zeros(bsz, R, dtype=torch.float32, device=dev)
-    resp_mask = torch.zeros(bsz, R, dtype=torch.long, device=dev)
-    # Growing attention mask as views of one buffer; None when nothing is padded (plain causal attention).
+class _Buffers(NamedTuple):
+    """What the decode loop writes, one column per step: nothing grows."""
+
+    response: Tensor  # [B, R] token ids, pad after EOS
+    mask: Tensor  # [B, R] 1 up to and including EOS
+    logprobs: Tensor  # [B, R] log-probs of the sampled tokens, 0 after EOS
+    attn: Tensor | None  # [B, P + R] growing attention mask (views of it), None when no prompt is padded
+    positions: Tensor  # [B, R] position of response token t: (valid prompt tokens + t)
+
+
+def _buffers(prompt_mask: Tensor, R: int, pad_token_id: int) -> _Buffers:
+    bsz, plen = prompt_mask.shape
+    dev = prompt_mask.device
     attn = None
     if not bool(prompt_mask.all()):
         attn = torch.ones(bsz, plen + R, dtype=prompt_mask.dtype, device=dev)
         attn[:, :plen] = prompt_mask
-    # Position of response token t is (#valid prompt tokens + t); precomputed so steps only slice.
-    resp_pos = prompt_mask.long().sum(-1, keepdim=True) + torch.arange(R, device=dev)
-    alive = torch.ones(bsz, dtype=torch.bool, device=dev)
-    # The compiled step (rollout.enforce_eager=false) decodes over a static cache the prefill is copied into.
-    decoder = compiled_decoder(model) if compile_step else None
-    cache = _new_cache(model, plen if decoder is not None else plen + R)
-    pick = functools.partial(_pick, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
-                             generator=generator, rows=sample_rows)
-    # Identical consecutive prompts (GRPO groups) are prefilled once, then their cache rows are copied.
+    return _Buffers(torch.full((bsz, R), pad_token_id, dtype=torch.long, device=dev),
+                    torch.zeros(bsz, R, dtype=torch.long, device=dev),
+                    torch.zeros(bsz, R, dtype=torch.float32, device=dev), attn,
+                    prompt_mask.long().sum(-1, keepdim=True) + torch.arange(R, device=dev))
+
+
+def _prefill(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, cache: object, padded: bool,
+             share: bool) -> tuple[Tensor, Tensor | None]:
+    """The prompts' forward into ``cache``: last-position logits ``[B, 1, V]`` and, when identical consecutive
+    prompts (GRPO groups) were prefilled once, the run of each row (the caller copies their cache rows)."""
     layers = getattr(cache, "layers", None) or ()
-    prealloc = bool(layers) and all(isinstance(x, _prealloc_layer_cls()) for x in layers)
     runs = None
-    if _SHARE_PREFILL and prealloc:
+    if share and layers and all(isinstance(x, _prealloc_layer_cls()) for x in layers):
         lengths = prompt_runs(prompt_ids, prompt_mask)
         runs = None if lengths is None else run_rows(lengths)
     ids, pmask = (prompt_ids, prompt_mask) if runs is None else (prompt_ids[runs[0]], prompt_mask[runs[0]])
-    logits = _forward_logits(model, ids, None if attn is None else pmask, position_ids_from_mask(pmask), 1, cache)
+    logits = _forward_logits(model, ids, pmask if padded else None, position_ids_from_mask(pmask), 1, cache)
+    return logits, None if runs is None else runs[1]
+
+
+def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams,
+            generator: torch.Generator | None, sample_rows: tuple[Tensor, int] | None = None
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """The KV-cache decode loop; returns ``(response_ids, response_mask, old_logprobs)``."""
+    bsz, plen = prompt_ids.shape
+    R, eos_id = params.max_new_tokens, params.eos_token_id
+    eos = torch.as_tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), device=prompt_ids.device)
+    buf = _buffers(prompt_mask, R, params.pad_token_id)
+    alive = torch.ones(bsz, dtype=torch.bool, device=prompt_ids.device)
+    # The compiled step (rollout.enforce_eager=false) decodes over a static cache the prefill is copied into.
+    decoder = compiled_decoder(model) if params.compile_step else None
+    cache = _new_cache(model, plen if decoder is not None else plen + R)
+    pick = functools.partial(_pick, greedy=params.greedy, temperature=params.temperature, top_k=params.top_k,
+                             top_p=params.top_p, generator=generator, rows=sample_rows)
+    logits, row_run = _prefill(model, prompt_ids, prompt_mask, cache, buf.attn is not None, params.share_prefill)
+    layers = getattr(cache, "layers", None) or ()
     static = None
-    if decoder is not None and prealloc:
+    if decoder is not None and layers and all(isinstance(x, _prealloc_layer_cls()) for x in layers):
         capacity = capacity_for(plen, R)
-        static = decoder.load(cache, None if runs is None else runs[1], bsz, capacity)
-        static_mask = torch.ones(bsz, capacity, dtype=prompt_mask.dtype, device=dev)
+        static = decoder.load(cache, row_run, bsz, capacity)
+        static_mask = torch.ones(bsz, capacity, dtype=prompt_mask.dtype, device=prompt_ids.device)
         static_mask[:, :plen] = prompt_mask
-    elif runs is not None:
-        cache.reorder_cache(runs[1])
-    if runs is not None:
-        logits = logits[runs[1]]
+    elif row_run is not None:
+        cache.reorder_cache(row_run)
+    if row_run is not None:
+        logits = logits[row_run]
     for t in range(R):
         tok, lp = pick(logits[:, -1])
-        response[:, t] = tok.masked_fill_(~alive, pad_token_id)
-        logprobs[:, t] = lp.masked_fill_(~alive, 0.0)
-        resp_mask[:, t] = alive
-        if not ignore_eos:
+        buf.response[:, t] = tok.masked_fill_(~alive, params.pad_token_id)
+        buf.logprobs[:, t] = lp.masked_fill_(~alive, 0.0)
+        buf.mask[:, t] = alive
+        if not params.ignore_eos:
             alive &= ~torch.isin(tok, eos)
             if not alive.any():
                 break
+        step_ids, step_pos = buf.response[:, t : t + 1], buf.positions[:, t : t + 1]
         if t + 1 < R and static is not None:
-            logits = decoder.step(response[:, t : t + 1], static_mask, resp_pos[:, t : t + 1], plen + t, static)
+            logits = decoder.step(step_ids, static_mask, step_pos, plen + t, static)
         elif t + 1 < R:
-            mask = None if attn is None else attn[:, : plen + t + 1]
-            logits = _forward_logits(model, response[:, t : t + 1], mask, resp_pos[:, t : t + 1], 1, cache)
-    return response, resp_mask, logprobs
+            mask = None if buf.attn is None else buf.attn[:, : plen + t + 1]
+            logits = _forward_logits(model, step_ids, mask, step_pos, 1, cache)
+    return buf.response, buf.mask, buf.logprobs
 
 
 def _entropy(logits: Tensor) -> Tensor:

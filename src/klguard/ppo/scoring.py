@@ -9,7 +9,7 @@ from klguard.data.dataset import RLDataset, collate_left_pad
 from klguard.distributed import even_slice, is_distributed
 from klguard.model.loading import precision_scope
 from klguard.ppo.metrics import validation_metrics
-from klguard.ppo.rollout import RolloutBatch, generate_rows
+from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
 from klguard.reward.manager import RewardManager, RewardOutput
 from klguard.runtime.seeding import step_generator
 
@@ -32,6 +32,10 @@ def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, v
     rows = [val_data[i] for i in range(len(val_data)) for _ in range(kw.n)]
     size = (cfg.data.val_batch_size or len(val_data)) * kw.n
     gen = step_generator(cfg.trainer.seed, 0, 2, device)  # the same noise at every validation
+    params = SamplingParams(max_new_tokens=cfg.data.max_response_length, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, temperature=kw.temperature, top_k=kw.top_k,
+                            top_p=kw.top_p, do_sample=kw.do_sample,
+                            compile_step=not cfg.actor_rollout_ref.rollout.enforce_eager)
     model.eval()
     results = []
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if is_distributed() else (0, 1)
@@ -41,9 +45,6 @@ def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, v
         everyone = torch.arange(len(part))
         with precision_scope(model):
             out = generate_rows(model, ids.to(device), pmask.to(device), everyone[even_slice(len(part), rank, world)],
-                                everyone, max_new_tokens=cfg.data.max_response_length,
-                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                temperature=kw.temperature, top_k=kw.top_k, top_p=kw.top_p, do_sample=kw.do_sample,
-                                generator=gen, compile_step=not cfg.actor_rollout_ref.rollout.enforce_eager)
+                                everyone, params, generator=gen)
         results.append((part, out, score_rollout(rewards, tokenizer, part, out)))
     return validation_metrics(results, kw.n)

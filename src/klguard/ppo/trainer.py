@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from klguard.algo.advantage import compute_advantage
-from klguard.algo.kl import kl_penalty
-from klguard.algo.stats import masked_mean
+from klguard.algo.reward_shaping import shape_rewards, token_level_scores
 from klguard.config import Config, ConfigError, config_to_yaml
 from klguard.config.validate import validate_world
 from klguard.data.dataset import collate_left_pad
@@ -31,7 +32,7 @@ from klguard.model.loading import load_tokenizer, precision_scope
 from klguard.ppo.checkpointing import Checkpoints
 from klguard.ppo.guard_hooks import GuardHooks
 from klguard.ppo.metrics import rollout_metrics
-from klguard.ppo.rollout import generate_rows
+from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
 from klguard.ppo.scoring import score_rollout, validate_policy
 from klguard.ppo.setup import build_datasets, build_train_state, resolve_model_path, resolve_tokenizer_path
 from klguard.ppo.shared_prefix import sequence_logprobs, sequence_values
@@ -46,6 +47,18 @@ from klguard.ppo.update import (
 from klguard.reward.manager import RewardManager
 from klguard.runtime.profiling import build_profiler, phase
 from klguard.runtime.seeding import seed_everything, step_generator
+
+
+@dataclass
+class PromptBatch:
+    """One step's prompts: dataset rows (each repeated rollout.n times), their left-padded ids, and this rank's
+    share of them (one process: all of them)."""
+
+    rows: list
+    group_index: Tensor  # [B] the prompt (group) of each row
+    prompt_ids: Tensor  # [B, P]
+    prompt_mask: Tensor  # [B, P]
+    layout: RowLayout
 
 
 class PPOTrainer:
@@ -83,133 +96,147 @@ class PPOTrainer:
         self.guard = GuardHooks(config, self.state, self.checkpoints, total_steps=self.total_steps,
                                 run_dir=self.run_dir, writes=self.dist.is_main, log=self.log)
         self.profiler = build_profiler(config, self.dist.rank, self.device, self.log)
+        rollout = config.actor_rollout_ref.rollout
+        self.sampling = SamplingParams(
+            max_new_tokens=config.data.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id, temperature=rollout.temperature, top_k=rollout.top_k,
+            top_p=rollout.top_p, do_sample=rollout.do_sample, ignore_eos=rollout.ignore_eos,
+            compile_step=not rollout.enforce_eager)
         if resume_from:
             self.guard.load_state_dict(self.checkpoints.restore(resume_from, self.state))
             log(f"klguard: resumed from {resume_from} at step {self.state.step}")
 
     # ------------------------------------------------------------------ one PPO step
     def train_step(self) -> dict[str, float]:
-        cfg, state = self.cfg, self.state
-        step = state.step
-        rollout_cfg, actor_cfg = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
-        self.dist.maybe_inject_failure(step)
-        timing: dict[str, float] = {}
+        """One PPO step, phase by phase; a NaN/Inf in what a phase produced raises NonFiniteError (fit skips it)."""
+        cfg, state, timing = self.cfg, self.state, {}
+        self.dist.maybe_inject_failure(state.step)
         started = time.perf_counter()
-
-        # 1. prompts: each repeated rollout.n times, consecutive, so groups share an index
-        rows = [self.train_data[i] for i in state.sampler.next_batch() for _ in range(rollout_cfg.n)]
-        group_index = torch.arange(len(rows)) // rollout_cfg.n
-        prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
-        world = self.dist.world_size  # this rank's share of every mini-batch; identity for one process
-        share = cfg.actor_rollout_ref.model.share_prompt_forward  # groups' prompts once per forward (n > 1)
-        layout = RowLayout(len(rows), actor_cfg.ppo_mini_batch_size * rollout_cfg.n, self.dist.rank, world)
-
-        # 2. rollout: sampled with the KV cache; old log-probs come from the same weights (unsharded for it)
-        with (_timed(timing, "gen"), unsharded(state.actor, actor_cfg.fsdp_config.reshard_after_forward, timing),
-              precision_scope(state.actor)):
-            state.actor.eval()
-            out = generate_rows(
-                state.actor, prompt_ids.to(self.device), prompt_mask.to(self.device), layout.index, layout.order,
-                max_new_tokens=cfg.data.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id, temperature=rollout_cfg.temperature,
-                top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, do_sample=rollout_cfg.do_sample,
-                ignore_eos=rollout_cfg.ignore_eos, generator=step_generator(cfg.trainer.seed, step, 0, self.device),
-                compile_step=not rollout_cfg.enforce_eager)
+        prompts = self._prompts()  # 1. prompts, each repeated rollout.n times (a group's rows are consecutive)
+        with _timed(timing, "gen"):  # 2. rollout: old log-probs come from the sampling loop itself
+            out = self._rollout(prompts, timing)
         mask = out.response_mask.float()
-        input_ids, attention_mask = out.input_ids, out.attention_mask
-        check_finite({"old_log_probs": out.old_logprobs}, mask)  # NaN here or below: fit() skips the step
-
-        # 3. rewards: the score sits on the last response token
-        with _timed(timing, "reward"):
-            reward = self._score(rows, out)
+        check_finite({"old_log_probs": out.old_logprobs}, mask)
+        with _timed(timing, "reward"):  # 3. rewards: the score sits on the last response token
+            reward = score_rollout(self.rewards, self.tokenizer, prompts.rows, out)
         check_finite({"rewards": reward.scores})
-        token_scores = torch.zeros_like(mask)
-        last = (out.response_lengths - 1).clamp(min=0)
-        token_scores[torch.arange(len(rows)), last] = reward.scores.to(mask)
-
-        # 4. reference log-probs and the KL penalty in the reward
-        ref_logprobs, kl_metrics = None, {}
-        token_rewards = token_scores
-        if state.ref is not None:
-            with _timed(timing, "ref"), torch.no_grad():
-                ref_logprobs = layout.gather(sequence_logprobs(
-                    state.ref, layout.local(input_ids), layout.local(attention_mask), mask.shape[1],
-                    rollout_cfg.temperature, share_prompt=share,
-                    micro_batch_size=cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu))
-            kl = kl_penalty(out.old_logprobs, ref_logprobs, cfg.algorithm.kl_penalty)
-            check_finite({"ref_log_probs": ref_logprobs, "kl": kl}, mask)  # before the controller sees it
-            kl = kl * mask
-            current_kl = masked_mean(kl, mask, dim=-1).mean().item()  # verl: mean over sequences of token means
-            kl_seq_sum = kl.sum(-1).mean().item()
-            beta = state.kl_ctrl.value
-            if cfg.algorithm.use_kl_in_reward:
-                token_rewards = token_scores - beta * kl
-                controlled = kl_seq_sum if cfg.algorithm.kl_ctrl.kl_unit == "seq_sum" else current_kl
-                if not state.kl_frozen:
-                    state.kl_ctrl.update(controlled, n_steps=len(rows))
-            kl_metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta,
-                          "actor/kl_seq_sum": kl_seq_sum}
-
-        # 5. values (with autograd when this forward is also the critic update's, see critic_values_in_update)
-        # and advantages
-        values = vpreds = None
-        critic_mini = cfg.critic.ppo_mini_batch_size * rollout_cfg.n // world
-        if state.critic is not None:
-            in_update = critic_values_in_update(cfg.critic, len(layout.index), critic_mini)
-            with _timed(timing, "values"), torch.set_grad_enabled(in_update):
-                state.critic.train(in_update)
-                local = sequence_values(state.critic, layout.local(input_ids), layout.local(attention_mask),
-                                        mask.shape[1], share_prompt=share)
-                values = layout.gather(local.detach()) * mask
-                vpreds = local if in_update else None
+        token_scores = token_level_scores(reward.scores, out.response_lengths, mask)
+        ref_logprobs, token_rewards, kl_metrics = None, token_scores, {}
+        if state.ref is not None:  # 4. reference log-probs, the KL penalty in the reward, the KL controller
+            with _timed(timing, "ref"):
+                ref_logprobs = self._reference_logprobs(prompts.layout, out)
+            token_rewards, kl_metrics = self._shape_rewards(token_scores, out.old_logprobs, ref_logprobs, mask)
+        values, vpreds = self._values(prompts.layout, out, mask, timing)  # 5. values and advantages
         with _timed(timing, "adv"):
             advantages, returns = compute_advantage(
                 cfg.algorithm.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, values=values,
-                group_index=group_index, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                group_index=prompts.group_index, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
         check_finite({"critic/values": values, "critic/advantages": advantages, "critic/returns": returns}, mask)
-
-        # 6. updates: critic first, the actor once the critic has warmed up
-        batch = PPOBatch(input_ids, attention_mask, mask, out.old_logprobs, advantages, returns, values, ref_logprobs)
-        batch = batch if world == 1 else batch.select(layout.index.to(mask.device))  # this rank's rollouts
-        batch.vpreds = vpreds
-        update_metrics: dict[str, float] = {}
-        nonfinite: list[str] = []  # loss terms or grad norms whose mini-batch was not applied
-        gen = step_generator(cfg.trainer.seed, step, 1, torch.device("cpu"))
-        if state.critic is not None:
-            with _timed(timing, "update_critic"):
-                update_metrics |= update_critic(state.critic, state.critic_optim, batch, cfg.critic,
-                                                mini_batch_size=critic_mini, generator=gen, nonfinite=nonfinite,
-                                                share_prompt=share)
-            state.critic_sched.step()
-        if step >= cfg.trainer.critic_warmup:
-            with _timed(timing, "update_actor"):
-                update_metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg,
-                                               mini_batch_size=actor_cfg.ppo_mini_batch_size * rollout_cfg.n // world,
-                                               temperature=rollout_cfg.temperature, generator=gen,
-                                               grad_clip=state.actor_grad_clip, nonfinite=nonfinite,
-                                               share_prompt=share)
-            update_metrics["actor/grad_clip"] = state.actor_grad_clip
-            state.actor_sched.step()
-            state.apply_lr_scale()
-
-        # 7. metrics (the reshard time's share of the step: the unshard/reshard around generation)
-        timing["step"] = time.perf_counter() - started
-        share = {"perf/reshard_share": timing["reshard"] / timing["step"]} if "reshard" in timing else {}
+        batch = PPOBatch(out.input_ids, out.attention_mask, mask, out.old_logprobs, advantages, returns, values,
+                         ref_logprobs)
+        update_metrics, nonfinite = self._update(prompts.layout, batch, vpreds, timing)  # 6. updates
+        timing["step"] = time.perf_counter() - started  # 7. metrics
         state.step += 1
         for where in nonfinite:
             self.guard.record_nonfinite(state.step, where)
+        reshard = {"perf/reshard_share": timing["reshard"] / timing["step"]} if "reshard" in timing else {}
         return {
             **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
             **kl_metrics, **update_metrics,
             **{f"timing_s/{k}": v for k, v in timing.items()},
-            "perf/throughput": float(out.attention_mask.sum()) / timing["step"], **share,
+            "perf/throughput": float(out.attention_mask.sum()) / timing["step"], **reshard,
             "training/global_step": state.step, "training/epoch": state.sampler.epoch,
             "training/nonfinite_skipped": float(bool(nonfinite)),
         }
 
-    def _score(self, rows, out):
-        return score_rollout(self.rewards, self.tokenizer, rows, out)
+    def _prompts(self) -> PromptBatch:
+        n = self.cfg.actor_rollout_ref.rollout.n
+        rows = [self.train_data[i] for i in self.state.sampler.next_batch() for _ in range(n)]
+        prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
+        mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
+        layout = RowLayout(len(rows), mini_rows, self.dist.rank, self.dist.world_size)  # this rank's share
+        return PromptBatch(rows, torch.arange(len(rows)) // n, prompt_ids, prompt_mask, layout)
+
+    def _rollout(self, prompts: PromptBatch, timing: dict[str, float]) -> RolloutBatch:
+        """Sampled with the KV cache from this rank's rows, gathered; the actor unsharded around it."""
+        actor, reshard = self.state.actor, self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward
+        with unsharded(actor, reshard, timing), precision_scope(actor):
+            actor.eval()
+            return generate_rows(actor, prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
+                                 prompts.layout.index, prompts.layout.order, self.sampling,
+                                 generator=step_generator(self.cfg.trainer.seed, self.state.step, 0, self.device))
+
+    def _reference_logprobs(self, layout: RowLayout, out: RolloutBatch) -> Tensor:
+        arr = self.cfg.actor_rollout_ref
+        with torch.no_grad():
+            return layout.gather(sequence_logprobs(
+                self.state.ref, layout.local(out.input_ids), layout.local(out.attention_mask),
+                out.response_mask.shape[1], arr.rollout.temperature, share_prompt=arr.model.share_prompt_forward,
+                micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu))
+
+    def _shape_rewards(self, token_scores: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor
+                       ) -> tuple[Tensor, dict[str, float]]:
+        """Token rewards with the KL penalty (algorithm.use_kl_in_reward), then the controller sees the batch KL."""
+        alg, state = self.cfg.algorithm, self.state
+        beta = state.kl_ctrl.value
+        shaped = shape_rewards(token_scores, old_logprobs, ref_logprobs, mask, estimator=alg.kl_penalty, beta=beta,
+                               kl_in_reward=alg.use_kl_in_reward)
+        check_finite({"ref_log_probs": ref_logprobs, "kl": shaped.kl}, mask)  # before the controller sees it
+        token_mean, seq_sum = shaped.kl_token_mean.item(), shaped.kl_seq_sum.item()
+        if alg.use_kl_in_reward and not state.kl_frozen:
+            state.kl_ctrl.update(seq_sum if alg.kl_ctrl.kl_unit == "seq_sum" else token_mean, n_steps=len(mask))
+        return shaped.token_rewards, {"actor/reward_kl_penalty": token_mean, "actor/reward_kl_penalty_coeff": beta,
+                                      "actor/kl_seq_sum": seq_sum}
+
+    def _values(self, layout: RowLayout, out: RolloutBatch, mask: Tensor, timing: dict[str, float]
+                ) -> tuple[Tensor | None, Tensor | None]:
+        """The critic's values, and its forward with autograd when that is also its update's (vpreds)."""
+        critic = self.state.critic
+        if critic is None:
+            return None, None
+        in_update = critic_values_in_update(self.cfg.critic, len(layout.index), self._critic_mini_batch)
+        with _timed(timing, "values"), torch.set_grad_enabled(in_update):
+            critic.train(in_update)
+            local = sequence_values(critic, layout.local(out.input_ids), layout.local(out.attention_mask),
+                                    mask.shape[1], share_prompt=self.cfg.actor_rollout_ref.model.share_prompt_forward)
+            values = layout.gather(local.detach()) * mask
+        return values, local if in_update else None
+
+    def _update(self, layout: RowLayout, batch: PPOBatch, vpreds: Tensor | None, timing: dict[str, float]
+                ) -> tuple[dict[str, float], list[str]]:
+        """Critic first, the actor once the critic has warmed up, on this rank's rollouts; returns the metrics and
+        the loss terms or grad norms whose mini-batch was not applied."""
+        cfg, state = self.cfg, self.state
+        actor_cfg, share = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model.share_prompt_forward
+        if self.dist.world_size > 1:
+            batch = batch.select(layout.index.to(batch.response_mask.device))
+        batch.vpreds = vpreds
+        metrics: dict[str, float] = {}
+        nonfinite: list[str] = []
+        gen = step_generator(cfg.trainer.seed, state.step, 1, torch.device("cpu"))
+        if state.critic is not None:
+            with _timed(timing, "update_critic"):
+                metrics |= update_critic(state.critic, state.critic_optim, batch, cfg.critic,
+                                         mini_batch_size=self._critic_mini_batch, generator=gen, nonfinite=nonfinite,
+                                         share_prompt=share)
+            state.critic_sched.step()
+        if state.step >= cfg.trainer.critic_warmup:
+            mini = actor_cfg.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.world_size
+            with _timed(timing, "update_actor"):
+                metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg, mini_batch_size=mini,
+                                        temperature=cfg.actor_rollout_ref.rollout.temperature, generator=gen,
+                                        grad_clip=state.actor_grad_clip, nonfinite=nonfinite, share_prompt=share)
+            metrics["actor/grad_clip"] = state.actor_grad_clip
+            state.actor_sched.step()
+            state.apply_lr_scale()
+        return metrics, nonfinite
+
+    @property
+    def _critic_mini_batch(self) -> int:
+        """Rollouts per critic optimizer step on this rank."""
+        cfg = self.cfg
+        return cfg.critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.world_size
 
     def validate(self) -> dict[str, float]:
         with unsharded(self.state.actor, self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward, {}):

@@ -23,7 +23,7 @@ from klguard.config.schema import SFTConfig
 from klguard.data.arith import make_arith_rows
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import build_tiny_llama, save_hf_folder
-from klguard.ppo.rollout import generate
+from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.gsm8k import compute_score
 
 SFT_FORMAT_VERSION = 2  # bump when the recipe changes, so stale caches are not reused
@@ -124,9 +124,10 @@ def evaluate_policy(model, tokenizer, rows: list[dict], *, seed: int, max_new_to
     model.eval()
     prompts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
     enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
-    out = generate(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
-                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                   temperature=1.0, generator=torch.Generator().manual_seed(seed))
+    params = SamplingParams(max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, temperature=1.0)
+    gen = torch.Generator().manual_seed(seed)
+    out = generate(model, enc["input_ids"], enc["attention_mask"], params, generator=gen)
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     gold = [compute_score(t, r["reward_model"]["ground_truth"]) for t, r in zip(texts, rows, strict=True)]
     longer = [t.count("####") > 1 for t in texts]

@@ -1,0 +1,45 @@
+"""Token-level rewards: the sequence score on the last response token, minus beta times the per-token KL.
+
+With ``use_kl_in_reward`` (verl's ``algorithm.use_kl_in_reward``) the reward of response token t is
+``score * [t is last] - beta * KL_t``, where ``KL_t`` is a per-token estimate of KL(pi || pi_ref) at the sampled
+token (``klguard.algo.kl.kl_penalty``). The KL statistics the controller and the metrics read come out with it:
+the mean over sequences of each sequence's mean token KL (verl's ``actor/reward_kl_penalty``) and the mean
+per-sequence KL sum (what TRL's controller sees).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from klguard.algo.kl import kl_penalty
+from klguard.algo.stats import masked_mean
+
+
+def token_level_scores(scores: Tensor, response_lengths: Tensor, response_mask: Tensor) -> Tensor:
+    """``[B, R]`` zeros with each sequence's score ``[B]`` on its last response token (the first column of an
+    empty response), in the dtype of ``response_mask``."""
+    token_scores = torch.zeros_like(response_mask)
+    last = (response_lengths - 1).clamp(min=0)
+    token_scores[torch.arange(len(scores)), last] = scores.to(response_mask)
+    return token_scores
+
+
+class ShapedRewards(NamedTuple):
+    token_rewards: Tensor  # [B, R]: the token scores, minus beta * kl when the KL is in the reward
+    kl: Tensor  # [B, R]: per-token KL estimate, 0 outside the response mask
+    kl_token_mean: Tensor  # scalar: mean over sequences of the mean token KL of each
+    kl_seq_sum: Tensor  # scalar: mean over sequences of the summed token KL of each
+
+
+def shape_rewards(token_scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, *,
+                  estimator: str, beta: float, kl_in_reward: bool) -> ShapedRewards:
+    """The KL penalty of sampled tokens (log-probs ``[B, R]`` under the policy that sampled them and under the
+    reference) and the token rewards it shapes; ``kl_in_reward=False`` leaves the rewards as the scores."""
+    kl = kl_penalty(logprobs, ref_logprobs, estimator) * response_mask
+    token_mean = masked_mean(kl, response_mask, dim=-1).mean()
+    seq_sum = kl.sum(-1).mean()
+    rewards = token_scores - beta * kl if kl_in_reward else token_scores
+    return ShapedRewards(rewards, kl, token_mean, seq_sum)
