@@ -9,14 +9,8 @@ from hypothesis import strategies as st
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import klguard.ppo.rollout as ro
-from klguard.ppo.rollout import (
-    RolloutBatch,
-    SamplingParams,
-    compute_logprobs,
-    filter_logits,
-    generate,
-    position_ids_from_mask,
-)
+from klguard.ppo.forward import compute_logprobs, position_ids_from_mask, response_logits
+from klguard.ppo.rollout import RolloutBatch, SamplingParams, filter_logits, generate
 
 VOCAB, PAD, EOS = 24, 0, 2
 EOS_SET = [2, 5, 7, 11]  # several EOS ids so a random model finishes rows early
@@ -146,13 +140,14 @@ def test_compute_logprobs_matches_rollout(model_name, temperature, top_k, top_p,
     b = run(model, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=10)
     with torch.no_grad():
         lp = compute_logprobs(model, b.input_ids, b.attention_mask, 10, temperature)
-        lp_mb, ent, logits = compute_logprobs(model, b.input_ids, b.attention_mask, 10, temperature,
-                                              micro_batch_size=3, return_entropy=True, return_logits=True)
+        lp_part, ent = compute_logprobs(model, b.input_ids[:3], b.attention_mask[:3], 10, temperature,
+                                        return_entropy=True)
+        logits = response_logits(model, b.input_ids, b.attention_mask, 10).float() / temperature
     m = b.response_mask.bool()
     torch.testing.assert_close(lp[m], b.old_logprobs[m], atol=1e-5, rtol=0)
-    torch.testing.assert_close(lp_mb, lp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(lp_part, lp[:3], atol=1e-6, rtol=0)  # a row's log-probs do not depend on the batch
     assert logits.shape == (4, 10, VOCAB)
-    ref_ent = torch.distributions.Categorical(logits=logits).entropy()
+    ref_ent = torch.distributions.Categorical(logits=logits[:3]).entropy()
     torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
     assert ((ent >= 0) & (ent <= torch.log(torch.tensor(float(VOCAB))) + 1e-5)).all()
 

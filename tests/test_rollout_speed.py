@@ -9,6 +9,7 @@ from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
 import klguard.ppo.rollout as ro
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import build_tiny_llama
+from klguard.ppo.forward import prompt_runs, run_rows
 
 PAD, EOS = 0, 2
 EOS_SET = [2, 5, 9, 14]  # several EOS ids so rows of a random model finish early
@@ -124,7 +125,7 @@ def test_sample_rows_match_the_whole_batch(llama) -> None:
 
 def test_no_sharing_without_repeats_or_without_preallocated_cache(llama, monkeypatch) -> None:
     ids, mask = batch([1] * 5, [4, 2, 7, 4, 3])
-    assert ro.prompt_runs(ids, mask) is None
+    assert prompt_runs(ids, mask) is None
     assert prefill_rows(llama, ids, mask) == 5
     ids, mask = GROUPS_OF_4
     ref = generate(llama, ids, mask, fast=False, **SETTINGS["sampled"])
@@ -136,8 +137,8 @@ def test_no_sharing_without_repeats_or_without_preallocated_cache(llama, monkeyp
 def test_prompt_runs_need_equal_ids_and_mask() -> None:
     ids = torch.tensor([[0, 5, 6], [0, 5, 6], [0, 5, 6], [7, 5, 6], [7, 5, 6]])
     mask = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 1]])
-    lengths = ro.prompt_runs(ids, mask)
-    first, run = ro.run_rows(lengths)
+    lengths = prompt_runs(ids, mask)
+    first, run = run_rows(lengths)
     assert lengths.tolist() == [2, 1, 2] and first.tolist() == [0, 2, 3] and run.tolist() == [0, 0, 1, 2, 2]
 
 

@@ -9,9 +9,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM, LlamaFor
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.loading import enable_checkpointing
 from klguard.model.tiny import build_tiny_llama, tiny_llama_config
-from klguard.ppo.rollout import compute_logprobs
+from klguard.ppo.forward import compute_logprobs, critic_values
 from klguard.ppo.shared_prefix import (
-    critic_values,
     prompt_groups,
     shared_prefix_forward,
     shared_prefix_logprobs,

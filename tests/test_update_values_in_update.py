@@ -11,7 +11,7 @@ from transformers import LlamaForTokenClassification
 from klguard.config.schema import CriticConfig
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import tiny_llama_config
-from klguard.ppo.shared_prefix import critic_values
+from klguard.ppo.forward import critic_values
 from klguard.ppo.update import PPOBatch, critic_values_in_update, update_critic
 
 R = 6

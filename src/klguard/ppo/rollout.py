@@ -16,11 +16,10 @@ import torch
 from torch import Tensor
 
 from klguard.distributed import gather_rows, is_distributed
-from klguard.model.forward_args import forward_args
 from klguard.ppo.compiled_decode import capacity_for, compiled_decoder
+from klguard.ppo.forward import forward_logits, position_ids_from_mask, prompt_runs, run_rows
 
-__all__ = ["RolloutBatch", "SamplingParams", "compute_logprobs", "filter_logits", "generate", "generate_rows",
-           "position_ids_from_mask", "prompt_runs", "run_rows"]
+__all__ = ["RolloutBatch", "SamplingParams", "filter_logits", "generate", "generate_rows"]
 
 
 @dataclass(frozen=True)
@@ -126,43 +125,6 @@ def _new_cache(model: torch.nn.Module, capacity: int) -> object:
         layer_cls = _prealloc_layer_cls()
         cache.layers = [layer_cls(capacity) for _ in layers]
     return cache
-
-
-def prompt_runs(prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor | None:
-    """Lengths ``[G]`` (summing to ``B``) of the runs of identical consecutive prompts (ids and mask), as GRPO
-    groups come; None when no two consecutive rows are equal (nothing to share)."""
-    if prompt_ids.shape[0] < 2 or prompt_ids.shape[1] < 1:
-        return None
-    same = (prompt_ids[1:] == prompt_ids[:-1]).all(-1) & (prompt_mask[1:] == prompt_mask[:-1]).all(-1)
-    if not bool(same.any()):
-        return None
-    starts = torch.cat([same.new_ones(1), ~same]).nonzero().squeeze(-1)
-    return torch.diff(starts, append=starts.new_tensor([prompt_ids.shape[0]]))
-
-
-def run_rows(lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """For run lengths ``[G]``: the first row of each run ``[G]`` and the run of each row ``[B]``."""
-    starts = lengths.cumsum(0) - lengths
-    return starts, torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths,
-                                           output_size=int(lengths.sum()))
-
-
-def position_ids_from_mask(mask: Tensor) -> Tensor:
-    """Positions for left-padded rows: ``cumsum(mask) - 1`` clamped at 0."""
-    return (mask.long().cumsum(-1) - 1).clamp_(min=0)
-
-
-def _forward_logits(model: torch.nn.Module, ids: Tensor, mask: Tensor | None, pos: Tensor, keep: int,
-                    cache: object | None = None) -> Tensor:
-    """Logits of the last ``keep`` positions (only those go through the LM head when supported)."""
-    cache_kw, keep_kw, _ = forward_args(type(model))
-    kwargs: dict = {"attention_mask": mask, "position_ids": pos, "use_cache": cache is not None}
-    if cache is not None:
-        kwargs[cache_kw] = cache
-    if keep_kw is not None:
-        kwargs[keep_kw] = keep
-    logits = model(input_ids=ids, **kwargs).logits
-    return logits[:, -keep:]
 
 
 def filter_logits(logits: Tensor, top_k: int = -1, top_p: float = 1.0) -> Tensor:
@@ -284,7 +246,7 @@ def _prefill(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, ca
         lengths = prompt_runs(prompt_ids, prompt_mask)
         runs = None if lengths is None else run_rows(lengths)
     ids, pmask = (prompt_ids, prompt_mask) if runs is None else (prompt_ids[runs[0]], prompt_mask[runs[0]])
-    logits = _forward_logits(model, ids, pmask if padded else None, position_ids_from_mask(pmask), 1, cache)
+    logits = forward_logits(model, ids, pmask if padded else None, position_ids_from_mask(pmask), 1, cache)
     return logits, None if runs is None else runs[1]
 
 
@@ -328,40 +290,5 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, par
             logits = decoder.step(step_ids, static_mask, step_pos, plen + t, static)
         elif t + 1 < R:
             mask = None if buf.attn is None else buf.attn[:, : plen + t + 1]
-            logits = _forward_logits(model, step_ids, mask, step_pos, 1, cache)
+            logits = forward_logits(model, step_ids, mask, step_pos, 1, cache)
     return buf.response, buf.mask, buf.logprobs
-
-
-def _entropy(logits: Tensor) -> Tensor:
-    """Entropy of ``softmax(logits)`` along the last dim, stable for very negative logits."""
-    return torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
-
-
-def compute_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
-                     temperature: float = 1.0, *, micro_batch_size: int | None = None,
-                     return_entropy: bool = False, return_logits: bool = False, entropy_grad: bool = True
-                     ) -> Tensor | tuple[Tensor, ...]:
-    """Log-probs ``[B, R]`` of the last ``R = response_length`` tokens of ``input_ids`` under
-    ``log_softmax(logits / temperature)``, one forward per micro-batch; grad follows the caller's mode.
-
-    Returns ``logprobs``, or ``(logprobs[, entropy][, logits])`` (fp32, temperature-scaled ``[B, R, V]``)
-    when extras are requested; ``entropy_grad=False`` computes the entropy outside autograd.
-    """
-    R = response_length
-    bsz = input_ids.shape[0]
-    mbs = micro_batch_size or bsz
-    outs: list[tuple[Tensor, ...]] = []
-    for s in range(0, bsz, mbs):
-        ids, mask = input_ids[s : s + mbs], attention_mask[s : s + mbs]
-        logits = _forward_logits(model, ids, mask, position_ids_from_mask(mask), R + 1)[:, :-1].float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp_all = torch.log_softmax(logits, -1)
-        part: tuple[Tensor, ...] = (logp_all.gather(-1, ids[:, -R:, None]).squeeze(-1),)
-        if return_entropy:
-            part += (_entropy(logits if entropy_grad else logits.detach()),)
-        if return_logits:
-            part += (logits,)
-        outs.append(part)
-    result = tuple(torch.cat(xs, dim=0) for xs in zip(*outs, strict=True))
-    return result[0] if len(result) == 1 else result

@@ -11,7 +11,7 @@ states are the same for every row of a group. ``shared_prefix_forward`` therefor
    so gradients reach the prompt pass exactly as in one full forward).
 
 The last response token is never an input: only outputs at positions ``-R-1 .. -2`` of ``prompt + response``
-are returned, exactly those ``klguard.ppo.rollout.compute_logprobs`` and ``critic_values`` read.
+are returned, exactly those ``klguard.ppo.forward.compute_logprobs`` and ``critic_values`` read.
 The model is called through its own ``forward`` (its head, autocast wrapper and dropout apply as usual), so one
 code path serves a causal LM (``.logits`` ``[.., V]``) and a token-classification critic (``.logits`` ``[.., 1]``).
 
@@ -31,9 +31,16 @@ import torch
 from torch import Tensor
 
 from klguard.model.forward_args import forward_args
-from klguard.ppo.rollout import _entropy, compute_logprobs, position_ids_from_mask, prompt_runs, run_rows
+from klguard.ppo.forward import (
+    compute_logprobs,
+    critic_values,
+    position_ids_from_mask,
+    prompt_runs,
+    run_rows,
+    token_logprobs,
+)
 
-__all__ = ["critic_values", "prompt_groups", "sequence_logprobs", "sequence_values", "shared_prefix_forward",
+__all__ = ["prompt_groups", "sequence_logprobs", "sequence_values", "shared_prefix_forward",
            "shared_prefix_logprobs", "shared_prefix_values", "unsupported_reason"]
 
 
@@ -95,7 +102,7 @@ def shared_prefix_forward(model: torch.nn.Module, input_ids: Tensor, attention_m
     computing the prompt part once per group of ``groups`` (see ``prompt_groups``); grad follows the caller's mode.
 
     ``input_ids``/``attention_mask`` are ``[B, P + R]``: left-padded prompt, then the response
-    (``R = response_length``). Position ids come from the mask as in ``klguard.ppo.rollout``."""
+    (``R = response_length``). Position ids come from the mask as in ``klguard.ppo.forward``."""
     reason = unsupported_reason(model)
     if reason is not None:
         raise ValueError(f"shared-prefix forward unsupported: {reason}")
@@ -133,27 +140,15 @@ def shared_prefix_forward(model: torch.nn.Module, input_ids: Tensor, attention_m
 def shared_prefix_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
                            groups: Tensor | None, temperature: float = 1.0, return_entropy: bool = False,
                            entropy_grad: bool = True) -> Tensor | tuple[Tensor, Tensor]:
-    """``klguard.ppo.rollout.compute_logprobs`` (same return contract: fp32 ``[B, R]`` log-probs of
+    """``klguard.ppo.forward.compute_logprobs`` (same return contract: fp32 ``[B, R]`` log-probs of
     ``log_softmax(logits / temperature)`` at the response tokens, and the entropy when ``return_entropy``)
     with the prompt computed once per group; ``groups=None`` runs ``compute_logprobs`` itself."""
     if groups is None:
         return compute_logprobs(model, input_ids, attention_mask, response_length, temperature,
                                 return_entropy=return_entropy, entropy_grad=entropy_grad)
-    logits = shared_prefix_forward(model, input_ids, attention_mask, response_length, groups).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -response_length:, None]).squeeze(-1)
-    if not return_entropy:
-        return logprobs
-    return logprobs, _entropy(logits if entropy_grad else logits.detach())
-
-
-def critic_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
-    """Value of the state before each response token: outputs at positions -R-1 .. -2, as verl (one plain
-    forward; ``shared_prefix_values`` computes the same with a group's prompt once)."""
-    out = critic(input_ids=input_ids, attention_mask=attention_mask,
-                 position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-    return out.logits[:, -response_length - 1 : -1, 0].float()
+    logits = shared_prefix_forward(model, input_ids, attention_mask, response_length, groups)
+    return token_logprobs(logits, input_ids[:, -response_length:], temperature, return_entropy=return_entropy,
+                          entropy_grad=entropy_grad)
 
 
 def shared_prefix_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
