@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from klguard.algo.loss import entropy_from_logits, logprobs_from_logits
 from klguard.model.forward_args import forward_args
 
 __all__ = ["compute_logprobs", "critic_values", "forward_logits", "position_ids_from_mask", "prompt_runs",
@@ -69,11 +70,10 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0, *, 
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    logprobs = logprobs_from_logits(logits, tokens)
     if not return_entropy:
         return logprobs
-    ent_logits = logits if entropy_grad else logits.detach()
-    return logprobs, torch.logsumexp(ent_logits, -1) - (ent_logits.softmax(-1) * ent_logits).sum(-1)
+    return logprobs, entropy_from_logits(logits if entropy_grad else logits.detach())
 
 
 def compute_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from klguard.distributed import gather_rows, is_distributed
 from klguard.ppo.compiled_decode import capacity_for, compiled_decoder
-from klguard.ppo.forward import forward_logits, position_ids_from_mask, prompt_runs, run_rows
+from klguard.ppo.forward import forward_logits, position_ids_from_mask, prompt_runs, run_rows, token_logprobs
 
 __all__ = ["RolloutBatch", "SamplingParams", "filter_logits", "generate", "generate_rows"]
 
@@ -159,19 +159,17 @@ def _sample(probs: Tensor, generator: torch.Generator | None, rows: tuple[Tensor
 
 def _pick(logits: Tensor, greedy: bool, temperature: float, top_k: int, top_p: float,
           generator: torch.Generator | None, rows: tuple[Tensor, int] | None = None) -> tuple[Tensor, Tensor]:
-    """Choose next tokens ``[B]`` and return them with their (pre-filter) log-probs ``[B]``."""
+    """Choose next tokens ``[B]`` and return them with their log-probs ``[B]`` before top-k/top-p filtering (as
+    verl), from the same function the updates use (``klguard.ppo.forward.token_logprobs``)."""
     logits = logits.float()
     if greedy:
-        logp = torch.log_softmax(logits, -1)
         tok = logits.argmax(-1)
-    else:
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp = torch.log_softmax(logits, -1)
-        filtered = top_k > 0 or top_p < 1.0
-        probs = filter_logits(logits, top_k, top_p).softmax(-1) if filtered else logp.exp()
-        tok = _sample(probs, generator, rows)
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+        return tok, token_logprobs(logits, tok)
+    if temperature != 1.0:
+        logits = logits / temperature
+    filtered = top_k > 0 or top_p < 1.0
+    tok = _sample((filter_logits(logits, top_k, top_p) if filtered else logits).softmax(-1), generator, rows)
+    return tok, token_logprobs(logits, tok)
 
 
 def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, *,
