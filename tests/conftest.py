@@ -1,9 +1,24 @@
-"""Shared set-up for runs of the built-in task: a tiny SFT policy cached once per test session."""
+"""Shared set-up for runs of the built-in task (a tiny SFT policy cached once per test session), and the marks of
+the scenario folders: every test under e2e/, reliability/, distributed/, realmodel/ and golden/ launches training
+or a real process and is marked `scenario` and with its folder's name (`pytest -m "not scenario"`: the unit tests)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+
+TESTS = Path(__file__).parent
+SCENARIO_FOLDERS = ("e2e", "reliability", "distributed", "realmodel", "golden")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = Path(item.fspath).relative_to(TESTS).parts[0]
+        if folder in SCENARIO_FOLDERS:
+            item.add_marker(pytest.mark.scenario)
+            item.add_marker(getattr(pytest.mark, folder))
 
 
 @pytest.fixture(scope="session")
