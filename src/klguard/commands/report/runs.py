@@ -9,7 +9,6 @@ from pathlib import Path
 
 from klguard.errors import UserError
 
-VAL_GOLD_PREFIX = "val-core/"
 VAL_HACKING_SUFFIX = "/hacking_rate/mean@1"
 
 
