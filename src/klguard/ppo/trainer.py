@@ -1,9 +1,10 @@
 """The PPO loop. The only module that knows every part; read `train_step` top to bottom.
 
 One step: 1 prompts -> 2 rollout -> 3 rewards -> 4 reference and KL -> 5 values and advantages
--> 6 critic and actor updates -> 7 metrics. Validation and checkpoints happen between steps.
+-> 6 critic and actor updates -> 7 metrics. Validation and checkpoints happen between steps. What the run
+changes as it trains lives in `self.state` (a TrainState); the guard acts on it through `self.guard`.
 
-Under torchrun every rank runs this same loop on its share of the rollouts (`self.layout`): forwards and
+Under torchrun every rank runs this same loop on its share of the rollouts (`PromptBatch.layout`): forwards and
 updates on its rows, everything else (rewards, KL and its controller, advantages, metrics, guard) on the
 gathered global batch, so all ranks hold the same numbers. With one process the layout is the identity.
 """
@@ -62,6 +63,9 @@ class PromptBatch:
 
 
 class PPOTrainer:
+    """Builds a run from its config (data first, then models, resumed from the run directory's latest checkpoint
+    unless trainer.resume_mode says otherwise) and trains it with `fit`."""
+
     def __init__(self, config: Config, *, log=print) -> None:
         self.cfg = config
         tr = config.trainer
