@@ -2,8 +2,9 @@
 
 A choice field is typed with a `typing.Literal`; that type is the only list of its values: OmegaConf refuses
 other values on merge, `check_tree` refuses them in a config built in Python, and `choices(T)` writes them into
-the field's description. Range checks live in each section's `check(self, key)`, which names its fields
-under `key`; `check_tree` runs them after the choices.
+the field's description. A field's own range is a `Rule` given to `opt(..., rule=...)`, next to the field; rules
+that involve several fields of a section are its `check(self, key)` method, which names them under `key`.
+Combinations across sections are klguard.config.validate's.
 
 Imports nothing of klguard but `errors`, so that any section (klguard.guard.config too) can use it.
 """
@@ -16,19 +17,22 @@ import math
 import re
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from klguard.errors import ConfigError
 
 
-def opt(default: Any, help: str, *, unsupported: Mapping[str, str] | None = None, invalid: str | None = None) -> Any:
-    """A schema field with a default and a one-line description.
+def opt(default: Any, help: str, *, rule: Rule | None = None, unsupported: Mapping[str, str] | None = None,
+        invalid: str | None = None) -> Any:
+    """A schema field with a default, a one-line description and optionally the `rule` its value obeys.
 
     For a choice field: `unsupported` maps values known elsewhere (verl) to why klguard refuses them,
     `invalid` replaces "is not one of: ..." for every refused value."""
     metadata: dict[str, Any] = {"help": help}
+    if rule is not None:
+        metadata["rule"] = rule
     if unsupported:
         metadata["unsupported"] = dict(unsupported)
     if invalid:
@@ -105,41 +109,68 @@ def fail(key: str, value: Any, why: str) -> NoReturn:
     raise ConfigError(f"{key}={value!r} {why}")
 
 
-def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    """A finite number > 0 (>= 0 with allow_zero)."""
-    if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        fail(key, value, "must be " + ("a finite number >= 0" if allow_zero else "a finite number > 0"))
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What one field's value must satisfy (`ok`), and the message's end when it does not (`why`).
+    A None passes: null in a field that does not allow it is OmegaConf's type error."""
+
+    ok: Callable[[Any], bool]
+    why: str
+
+    def check(self, key: str, value: Any) -> None:
+        if value is not None and not self.ok(value):
+            fail(key, value, self.why)
 
 
+positive = Rule(lambda v: math.isfinite(v) and v > 0, "must be a finite number > 0")
+non_negative = Rule(lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0")
+finite = Rule(math.isfinite, "must be a finite number")
 _INTERVAL = re.compile(r"^([\[(])(-?[\d.]+), (-?[\d.]+)([\])])$")
 
 
-def within(key: str, value: float, interval: str) -> None:
-    """`interval` such as "(0, 1]": a number in it (NaN is not); the message quotes it."""
-    low_bracket, low, high, high_bracket = _INTERVAL.match(interval).groups()
-    above = value >= float(low) if low_bracket == "[" else value > float(low)
-    below = value <= float(high) if high_bracket == "]" else value < float(high)
-    if not (above and below):
-        fail(key, value, f"must be in {interval}")
+def interval(spec: str) -> Rule:
+    """A number in `spec`, such as "(0, 1]" (NaN is not); the message quotes it."""
+    low_bracket, low, high, high_bracket = _INTERVAL.match(spec).groups()
+    lo, hi = float(low), float(high)
+
+    def ok(v: float) -> bool:
+        return (v >= lo if low_bracket == "[" else v > lo) and (v <= hi if high_bracket == "]" else v < hi)
+
+    return Rule(ok, f"must be in {spec}")
 
 
-def at_least(key: str, value: int | None, least: int, *, or_null: bool = False) -> None:
-    """An integer >= `least`; with or_null, None passes and the message says so."""
-    if value is None and or_null:
-        return
-    if value is None or value < least:
-        fail(key, value, f"must be >= {least}" + (" or null" if or_null else ""))
+def greater(bound: float, note: str = "") -> Rule:
+    return Rule(lambda v: v > bound, f"must be > {bound}" + (f" {note}" if note else ""))
+
+
+def at_least(least: float, *, or_null: bool = False) -> Rule:
+    """>= least; or_null only adds the words (every rule lets None pass)."""
+    return Rule(lambda v: v >= least, f"must be >= {least}" + (" or null" if or_null else ""))
+
+
+def whole(value: Any, least: int) -> bool:
+    """An integer (not a bool) >= least."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def check_tree(node: Any, key: str = "") -> None:
-    """Check a config section and the sections under it: its choice fields against their Literals, each
-    sub-section, then the section's own `check(key)` (a section checks only its own fields, named under key)."""
+    """Check a config section and the sections under it: its choice fields against their Literals, its own
+    `check(key)` (rules over several of its fields), each field's rule, then each sub-section."""
+    hints = _hints(type(node))
     for f in dataclasses.fields(node):
-        value, path = getattr(node, f.name), f"{key}.{f.name}" if key else f.name
-        if dataclasses.is_dataclass(value):
-            check_tree(value, path)
-        elif (allowed := choice_values(_hints(type(node))[f.name])) and value not in allowed:
-            raise ConfigError(refusal(path, value, f, allowed))
+        value = getattr(node, f.name)
+        if (allowed := choice_values(hints[f.name])) and value not in allowed:
+            raise ConfigError(refusal(_join(key, f.name), value, f, allowed))
     check = getattr(node, "check", None)
     if check is not None:
         check(key)
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if "rule" in f.metadata:
+            f.metadata["rule"].check(_join(key, f.name), value)
+        elif dataclasses.is_dataclass(value):
+            check_tree(value, _join(key, f.name))
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
