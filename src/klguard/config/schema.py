@@ -70,7 +70,6 @@ class DataConfig:
     train_max_samples: int = opt(-1, "Use at most this many training rows (-1 = all)")
     val_max_samples: int = opt(-1, "Use at most this many validation rows (-1 = all)")
     prompt_key: str = opt("prompt", "Column holding the chat message list")
-    reward_fn_key: str = opt("data_source", "Column that selects the rule reward function")
     max_prompt_length: int = opt(512, "Longest prompt in tokens after the chat template", rule=_SIZE)
     max_response_length: int = opt(
         32, "Most tokens generated per response (verl: 512; 32 sizes the built-in demo)", rule=_SIZE
@@ -79,7 +78,6 @@ class DataConfig:
     val_batch_size: int | None = opt(None, "Prompts per validation batch (null = the whole split at once)")
     shuffle: bool = opt(True, "Shuffle the training prompts every epoch")
     seed: int | None = opt(None, "Seed of the dataloader shuffle (null = trainer.seed)")
-    validation_shuffle: bool = opt(False, "Shuffle the validation prompts")
     filter_overlong_prompts: bool = opt(False, "Drop prompts longer than max_prompt_length instead of failing")
     truncation: Truncation = opt("error", "Overlong prompts: " + choices(
         Truncation, left="keep the end", right="keep the start", middle="keep both ends"))
