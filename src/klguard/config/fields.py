@@ -63,6 +63,10 @@ def _name(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
+def _not_one_of(allowed: tuple) -> str:
+    return f"is not one of: {', '.join(sorted(map(_name, allowed)))}"
+
+
 def choices(tp: Any, notes: Mapping[str, str] | None = None, /, **more: str) -> str:
     """`a | b (note) | c`: the values of the Literal `tp` for a description; each note names one of them."""
     notes = {**(notes or {}), **more}
@@ -78,15 +82,14 @@ def refusal(key: str, value: Any, f: dataclasses.Field, allowed: tuple) -> str:
     if isinstance(value, str) and value in unsupported:
         why = unsupported[value]
     else:
-        why = f.metadata.get("invalid") or f"is not one of: {', '.join(sorted(map(_name, allowed)))}"
+        why = f.metadata.get("invalid") or _not_one_of(allowed)
     return f"{key}={value!r} {why}"
 
 
 def one_of(key: str, value: Any, tp: Any) -> None:
     """One item of a list-valued choice field, against the Literal `tp`."""
-    allowed = choice_values(tp)
-    if value not in allowed:
-        fail(key, value, f"is not one of: {', '.join(sorted(map(_name, allowed)))}")
+    if value not in (allowed := choice_values(tp)):
+        fail(key, value, _not_one_of(allowed))
 
 
 @cache
