@@ -73,9 +73,12 @@ def test_print_config_round_trips(tmp_path, capsys):
 def test_every_key_has_a_one_line_description(capsys):
     from klguard.config.loader import schema_fields
 
+    paths = [path for path, _ in schema_fields()]
     for path, f in schema_fields():
         help_text = f.metadata.get("help", "")
         assert help_text and "\n" not in help_text, path
+    assert len(paths) == len(set(paths)) and paths.count("guard.enable") == 1
+    assert {"guard.enable", "guard.ppo_kl_max", "guard.hacking_action"} <= set(paths)
     assert main(["train", "--describe-config", "algorithm.gamma=0.99"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "algorithm.gamma = 0.99  # Discount factor" in out

@@ -47,6 +47,17 @@ def test_validate_names_the_bad_field(field: str, value: object) -> None:
         KLGuard(GuardConfig(**{field: value}), total_steps=10)
 
 
+def test_checks_name_the_field_under_the_given_key() -> None:
+    """Mounted elsewhere, the guard's config names its fields under that key (klguard's schema uses guard.*)."""
+    from klguard.config.fields import check_tree
+    from klguard.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^watch.patience=0 must be >= 1$"):
+        check_tree(GuardConfig(patience=0), "watch")
+    with pytest.raises(ConfigError, match=r"^watch.ppo_kl_max=inf must be finite$"):
+        check_tree(GuardConfig(ppo_kl_max=float("inf")), "watch")
+
+
 def test_guard_constructor_checks() -> None:
     with pytest.raises(ValueError, match="total_steps"):
         KLGuard(GuardConfig(), total_steps=-1)

@@ -10,7 +10,6 @@ from klguard.algo.kl import (
     AdaptiveKLController,
     FixedKLController,
     build_kl_controller,
-    full_kl,
     kl_penalty,
 )
 from klguard.algo.loss import (
@@ -40,7 +39,6 @@ __all__ = [
     "compute_policy_loss",
     "compute_value_loss",
     "entropy_from_logits",
-    "full_kl",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",

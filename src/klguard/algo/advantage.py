@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -237,6 +237,7 @@ def reinforce_plus_plus_baseline_advantage(
     return adv, adv
 
 
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]  # the keys below
 ADV_ESTIMATORS: dict[str, AdvantageFn] = {
     "gae": gae_advantage,
     "grpo": grpo_advantage,

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 
-_BASE_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-KL_ESTIMATORS: tuple[str, ...] = (*_BASE_ESTIMATORS, "full", *(f"{n}+" for n in _BASE_ESTIMATORS))
+# The estimator names (the schema's algorithm.kl_penalty / actor.kl_loss_type take this type); X+ is X with
+# k2's gradient, see kl_penalty.
+BaseKLEstimator = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+KLEstimator = Literal[BaseKLEstimator, "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]
+KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
 
 # verl's bounds for k3: the clamp on d keeps exp() finite, the clamp on the result keeps one
 # wild token from dominating the penalty.
@@ -43,8 +46,6 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, estimator: str)
     d/d logprob = logprob - ref_logprob, an unbiased gradient of the KL when used as a loss
     (0 where that difference is infinite).
     """
-    if estimator == "full":
-        raise ValueError("kl estimator 'full' needs the full logits: call full_kl(logits, ref_logits)")
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
     d = logprob - ref_logprob
@@ -60,22 +61,6 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, estimator: str)
     d_safe = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
     d_const = d_safe.detach()
     return value + d_const * (d_safe - d_const)
-
-
-def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
-    """Exact KL(softmax(logits) || softmax(ref_logits)) over the last (vocabulary) axis.
-
-    Computed in at least float32. Vocabulary entries with zero policy probability contribute 0
-    (no 0 * inf NaN); the result is clamped at 0 against rounding.
-    """
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    logp = torch.log_softmax(logits.to(dtype), dim=-1)
-    logq = torch.log_softmax(ref_logits.to(dtype), dim=-1)
-    p = logp.exp()
-    # Zero the log-ratio where p = 0 before multiplying: where() after the product would still
-    # backpropagate 0 * inf = NaN for banned (-inf) tokens.
-    log_ratio = torch.where(p > 0, logp - logq, torch.zeros((), dtype=dtype, device=p.device))
-    return (p * log_ratio).sum(dim=-1).clamp(min=0.0)
 
 
 # --------------------------------------------------------------------------- controllers
@@ -347,6 +332,7 @@ def _build_pid(*, kl_coef: float, target_kl: float, **kwargs: Any) -> KLControll
     return PIDKLController(kl_coef, target_kl, **options)
 
 
+KLCtrlType = Literal["fixed", "adaptive", "pid"]  # the schema's algorithm.kl_ctrl.type; the keys below
 KL_CONTROLLERS: dict[str, KLControllerFactory] = {
     "fixed": _build_fixed,
     "adaptive": _build_adaptive,

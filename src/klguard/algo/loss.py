@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
 from klguard.algo.stats import masked_count, masked_mean, masked_sum
 
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 
 # verl clamps the log-ratio so exp() cannot overflow when old and new policies drift apart.
 _LOG_RATIO_BOUND = 20.0

@@ -19,6 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from klguard.config.fields import choice_fields, refusal
 from klguard.config.schema import Config
 from klguard.config.validate import validate
 from klguard.errors import ConfigError
@@ -199,10 +200,17 @@ def _verl_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
+@cache
+def _choice_fields() -> dict[str, tuple[dataclasses.Field, tuple]]:
+    return {path: (f, allowed) for path, f, allowed in choice_fields(Config)}
+
+
 def _omegaconf_message(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None) or ""
     msg = str(getattr(exc, "msg", "") or exc).splitlines()[0]
     value = getattr(exc, "value", None)
+    if "expected one of" in msg and key in _choice_fields():  # a value outside a choice field's Literal
+        return refusal(key, value, *_choice_fields()[key])
     if "Value '" in msg and "could not be converted" in msg:
         expected = msg.rsplit("to ", 1)[-1].rstrip(".")
         return f"{key}={value!r} is not a valid {expected}"

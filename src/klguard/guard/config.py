@@ -7,9 +7,18 @@ when the trainer calls it once per step (the trainer may call it once per epoch 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+from typing import Literal, get_args
 
-HACKING_ACTIONS: tuple[str, ...] = ("raise_kl_coef", "rollback", "none")
+from klguard.config.fields import at_least, check_tree, choices, fail, greater, interval, opt
+from klguard.errors import ConfigError
+
+HackingAction = Literal["raise_kl_coef", "rollback", "none"]
+HACKING_ACTIONS: tuple[str, ...] = get_args(HackingAction)
+
+# the rules most fields share
+_POSITIVE, _SHARE, _TOLERANCE = greater(0), interval("(0, 1]"), at_least(0)
+_FACTOR, _STEPS, _COUNT = at_least(1), at_least(1), at_least(0)
 
 
 @dataclass
@@ -17,139 +26,101 @@ class GuardConfig:
     """Thresholds and responses of the guard's rules. Defaults: the seed document's values, except where
     a field's help says otherwise (calibrated on the built-in demo; README lists the measurements)."""
 
-    enable: bool = field(default=True, metadata={"help": "Run the guard (false: observe() returns no actions)"})
+    enable: bool = opt(True, "Run the KL guard (false: plain verl behaviour, observe() returns no actions)")
 
     # Rule 1: policy change per update
-    ppo_kl_max: float = field(default=0.025, metadata={"help": "actor/ppo_kl above this: warn and cut the lr"})
-    lr_cut_factor: float = field(default=0.5, metadata={"help": "Each lr cut multiplies the lr scale by this"})
-    lr_floor_scale: float = field(default=0.05, metadata={"help": "The lr scale never goes below this share of the lr"})
-    patience: int = field(default=5, metadata={"help": "Consecutive steps with actor/ppo_kl above the max: pause"})
+    ppo_kl_max: float = opt(0.025, "actor/ppo_kl above this: warn and cut the lr", rule=_POSITIVE)
+    lr_cut_factor: float = opt(0.5, "Each lr cut multiplies the lr scale by this", rule=_SHARE)
+    lr_floor_scale: float = opt(0.05, "The lr scale never goes below this share of the lr", rule=_SHARE)
+    patience: int = opt(5, "Consecutive steps with actor/ppo_kl above the max: pause", rule=_STEPS)
 
     # Rule 2: share of the KL penalty in the reward
-    penalty_share_max: float = field(
-        default=0.5,
-        metadata={"help": "beta*KL per sequence / |mean score| above this: raise kl_coef (seed: 0.2: ratchets beta)"},
+    penalty_share_max: float = opt(
+        0.5, "beta*KL per sequence / |mean score| above this: raise kl_coef (seed: 0.2: ratchets beta)", rule=_POSITIVE
     )
-    kl_coef_raise_factor: float = field(default=1.5, metadata={"help": "kl_coef multiplier of the penalty-share rule"})
-    kl_coef_max: float = field(default=10.0, metadata={"help": "The guard never raises kl_coef above this"})
+    kl_coef_raise_factor: float = opt(1.5, "kl_coef multiplier of the penalty-share rule", rule=_FACTOR)
+    kl_coef_max: float = opt(10.0, "The guard never raises kl_coef above this", rule=_POSITIVE)
 
     # Rule 3: gradient norm
-    grad_norm_max: float = field(default=10.0, metadata={"help": "actor/grad_norm above this: tighten grad clipping"})
-    grad_clip_on_alarm: float = field(default=1.0, metadata={"help": "Gradient clip set when grad_norm alarms"})
+    grad_norm_max: float = opt(10.0, "actor/grad_norm above this: tighten grad clipping", rule=_POSITIVE)
+    grad_clip_on_alarm: float = opt(1.0, "Gradient clip set when grad_norm alarms", rule=_POSITIVE)
 
     # Rule 4: validation
-    val_drop_max: float = field(
-        default=0.05, metadata={"help": "Relative drop of val-core/*/acc/* from its best that triggers a rollback"}
+    val_drop_max: float = opt(
+        0.05, "Relative drop of val-core/*/acc/* from its best that triggers a rollback", rule=_TOLERANCE
     )
-    val_fall_tol: float = field(
-        default=0.02, metadata={"help": "Relative drop between consecutive validations that counts as falling"}
-    )
+    val_fall_tol: float = opt(0.02, "Relative drop between consecutive validations that counts as falling",
+                              rule=_TOLERANCE)
 
     # Rule 5: KL to the reference, rollbacks
-    kl_hard_limit: float = field(
-        default=0.1, metadata={"help": "KL to the reference above this: roll back (seed: 0.05, exceeded by healthy "
-                                       "early learning)"}
+    kl_hard_limit: float = opt(
+        0.1, "KL to the reference above this: roll back (seed: 0.05, exceeded by healthy early learning)",
+        rule=_POSITIVE,
     )
-    target_kl_step: float = field(
-        default=0.005, metadata={"help": "How much a rollback or a KL spike lowers target_kl"}
-    )
-    target_kl_min: float = field(default=0.002, metadata={"help": "The guard never lowers target_kl below this"})
-    rollback_kl_coef_factor: float = field(default=6.0, metadata={"help": "kl_coef multiplier after a rollback"})
-    rollback_lr_factor: float = field(
-        default=0.5, metadata={"help": "lr scale multiplier after a rollback (1 = keep the lr)"}
-    )
-    max_rollbacks: int = field(default=3, metadata={"help": "Rollbacks allowed in a run; the next trigger pauses"})
-    reanchor_on_rollback: bool = field(
-        default=True, metadata={"help": "After a rollback the reference becomes the restored policy (KL then holds "
-                                        "the run near it)"}
+    target_kl_step: float = opt(0.005, "How much a rollback or a KL spike lowers target_kl", rule=_POSITIVE)
+    target_kl_min: float = opt(0.002, "The guard never lowers target_kl below this", rule=_POSITIVE)
+    rollback_kl_coef_factor: float = opt(6.0, "kl_coef multiplier after a rollback", rule=_FACTOR)
+    rollback_lr_factor: float = opt(0.5, "lr scale multiplier after a rollback (1 = keep the lr)", rule=_SHARE)
+    max_rollbacks: int = opt(3, "Rollbacks allowed in a run; the next trigger pauses", rule=_COUNT)
+    reanchor_on_rollback: bool = opt(
+        True, "After a rollback the reference becomes the restored policy (KL then holds the run near it)"
     )
 
     # Rule 6: auto-tuning
-    spike_factor: float = field(
-        default=3.0, metadata={"help": "KL above this times its running median (and above target_kl) is a spike"}
+    spike_factor: float = opt(
+        3.0, "KL above this times its running median (and above target_kl) is a spike", rule=_FACTOR
     )
-    spike_window: int = field(default=20, metadata={"help": "Steps in the running median of the KL"})
-    spike_min_history: int = field(default=5, metadata={"help": "KL values needed before spikes are detected"})
-    slow_window: int = field(
-        default=10, metadata={"help": "Consecutive steps with KL above target_kl before kl_coef is raised"}
-    )
-    slow_kl_coef_factor: float = field(default=1.2, metadata={"help": "kl_coef multiplier when KL stays above target"})
-    cooldown: int = field(default=10, metadata={"help": "Steps between two firings of the same rule"})
+    spike_window: int = opt(20, "Steps in the running median of the KL", rule=_STEPS)
+    spike_min_history: int = opt(5, "KL values needed before spikes are detected (<= spike_window)", rule=_STEPS)
+    slow_window: int = opt(10, "Consecutive steps with KL above target_kl before kl_coef is raised", rule=_STEPS)
+    slow_kl_coef_factor: float = opt(1.2, "kl_coef multiplier when KL stays above target", rule=_FACTOR)
+    cooldown: int = opt(10, "Steps between two firings of the same rule", rule=_COUNT)
 
     # Rule 7: warm-up
-    warmup_ratio: float = field(default=0.2, metadata={"help": "Share of total steps during which kl_coef is frozen"})
-    warmup_kl_coef: float | None = field(
-        default=None, metadata={"help": "kl_coef held during warm-up (null: no freeze; the seed's 0 lets runs hack)"}
+    warmup_ratio: float = opt(0.2, "Share of total steps during which kl_coef is frozen", rule=interval("[0, 1]"))
+    warmup_kl_coef: float | None = opt(
+        None, "kl_coef held during warm-up (null: no freeze; the seed's 0 lets runs hack)",
+        rule=at_least(0, or_null=True),
     )
 
     # Rule 9: reward-hacking detector (no gold score needed)
-    baseline_window: int = field(default=10, metadata={"help": "First steps averaged into the length/entropy baseline"})
-    length_growth_max: float = field(
-        default=0.75, metadata={"help": "response_length/mean above (1 + this) x baseline: hacking signal"}
+    baseline_window: int = opt(10, "First steps averaged into the length/entropy baseline", rule=_STEPS)
+    length_growth_max: float = opt(
+        0.75, "response_length/mean above (1 + this) x baseline: hacking signal", rule=_TOLERANCE
     )
-    stable_length_growth: float = field(
-        default=0.2, metadata={"help": "Recent mean length above (1 + this) x baseline: a checkpoint taken then is "
-                                       "no rollback target"}
+    stable_length_growth: float = opt(
+        0.2, "Recent mean length above (1 + this) x baseline: a checkpoint taken then is no rollback target",
+        rule=_TOLERANCE,
     )
-    stable_length_window: int = field(default=5, metadata={"help": "Steps in that recent mean length"})
-    length_corr_max: float = field(
-        default=1.0, metadata={"help": "hacking/length_reward_corr above this while length grows: hacking signal "
-                                       "(1 = off)"}
+    stable_length_window: int = opt(5, "Steps in that recent mean length", rule=_STEPS)
+    length_corr_max: float = opt(
+        1.0, "hacking/length_reward_corr above this while length grows: hacking signal (1 = off)",
+        rule=interval("[-1, 1]"),
     )
-    length_corr_min_growth: float = field(
-        default=0.1, metadata={"help": "Relative length growth that counts as 'growing' for the correlation signal"}
+    length_corr_min_growth: float = opt(
+        0.1, "Relative length growth that counts as 'growing' for the correlation signal", rule=_TOLERANCE
     )
-    entropy_collapse_ratio: float = field(
-        default=0.3, metadata={"help": "actor/entropy below this x baseline: hacking signal"}
+    entropy_collapse_ratio: float = opt(0.3, "actor/entropy below this x baseline: hacking signal", rule=_SHARE)
+    hacking_action: HackingAction = opt(  # noqa: RUF009 (ruff knows no Literal is immutable)
+        "rollback", f"Response to a hacking alarm: {choices(HackingAction, rollback='then tighten')}"
     )
-    hacking_action: str = field(
-        default="rollback", metadata={"help": "Response to a hacking alarm: rollback (then tighten) | raise_kl_coef "
-                                      "| none"}
-    )
-    hacking_kl_coef_factor: float = field(default=2.0, metadata={"help": "kl_coef multiplier on a hacking alarm"})
+    hacking_kl_coef_factor: float = opt(2.0, "kl_coef multiplier on a hacking alarm", rule=_FACTOR)
 
-    def validate(self) -> None:
-        """Raise ValueError naming the first out-of-range field."""
+    def check(self, key: str) -> None:
+        """What no single field's rule says: every number finite, the spike history within its window."""
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
-                _bad(f.name, value, "must be finite")
-        for name in ("ppo_kl_max", "penalty_share_max", "grad_norm_max", "grad_clip_on_alarm", "kl_hard_limit",
-                     "target_kl_step", "target_kl_min", "kl_coef_max"):
-            if getattr(self, name) <= 0:
-                _bad(name, getattr(self, name), "must be > 0")
-        for name in ("lr_cut_factor", "lr_floor_scale", "rollback_lr_factor", "entropy_collapse_ratio"):
-            if not 0 < getattr(self, name) <= 1:
-                _bad(name, getattr(self, name), "must be in (0, 1]")
-        for name in ("val_drop_max", "val_fall_tol", "length_growth_max", "stable_length_growth",
-                     "length_corr_min_growth"):
-            if getattr(self, name) < 0:
-                _bad(name, getattr(self, name), "must be >= 0")
-        for name in ("kl_coef_raise_factor", "rollback_kl_coef_factor", "slow_kl_coef_factor",
-                     "hacking_kl_coef_factor", "spike_factor"):
-            if getattr(self, name) < 1:
-                _bad(name, getattr(self, name), "must be >= 1")
-        for name in ("patience", "spike_window", "spike_min_history", "slow_window", "baseline_window",
-                     "stable_length_window"):
-            if getattr(self, name) < 1:
-                _bad(name, getattr(self, name), "must be >= 1")
-        if self.cooldown < 0 or self.max_rollbacks < 0:
-            _bad("cooldown" if self.cooldown < 0 else "max_rollbacks", min(self.cooldown, self.max_rollbacks),
-                 "must be >= 0")
+                fail(f"{key}.{f.name}", value, "must be finite")
         if self.spike_min_history > self.spike_window:
-            _bad("spike_min_history", self.spike_min_history, f"must be <= spike_window ({self.spike_window})")
-        if not 0 <= self.warmup_ratio <= 1:
-            _bad("warmup_ratio", self.warmup_ratio, "must be in [0, 1]")
-        if self.warmup_kl_coef is not None and self.warmup_kl_coef < 0:
-            _bad("warmup_kl_coef", self.warmup_kl_coef, "must be >= 0 or null")
-        if not -1 <= self.length_corr_max <= 1:
-            _bad("length_corr_max", self.length_corr_max, "must be in [-1, 1]")
-        if self.hacking_action not in HACKING_ACTIONS:
-            _bad("hacking_action", self.hacking_action, f"must be one of {', '.join(HACKING_ACTIONS)}")
+            fail(f"{key}.spike_min_history", self.spike_min_history, f"must be <= spike_window ({self.spike_window})")
 
-
-def _bad(name: str, value: object, why: str) -> None:
-    raise ValueError(f"guard.{name} = {value!r} {why}")
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field (klguard's config loader raises the same as ConfigError)."""
+        try:
+            check_tree(self, "guard")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
 
 def default_target_kl(nnodes: int) -> float:

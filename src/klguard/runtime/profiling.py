@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from klguard.config.schema import PROFILER_CONTENTS
 from klguard.runtime.checkpoint import atomic_file, atomic_write_text
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["CONTENTS", "StepProfiler", "build_profiler", "phase", "window_folder"]
 
 # verl's tool_config.torch.contents; [] means cpu, plus cuda on a GPU run.
-CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
+CONTENTS = PROFILER_CONTENTS
 
 SUMMARY_ROWS = 40  # operators in the text summary
 

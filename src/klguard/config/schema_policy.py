@@ -1,0 +1,263 @@
+"""The schema's policy-side sections: `actor_rollout_ref.*` (model, actor, rollout, reference) and `critic.*`.
+
+Conventions: see klguard.config.fields; klguard.config.schema assembles the whole tree and re-exports these.
+"""
+
+# ruff: noqa: RUF009  (opt() and section() build each dataclass field with its description: that call is the point)
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from klguard.algo.kl import KLEstimator
+from klguard.algo.loss import LossAggMode
+from klguard.config.fields import (
+    Rule,
+    at_least,
+    choices,
+    fail,
+    greater,
+    interval,
+    non_negative,
+    one_of,
+    opt,
+    positive,
+    section,
+    whole,
+)
+
+BUILTIN_MODEL = "builtin://tiny-arith"
+"""Sentinel model path: the tiny Llama warm-started by `klguard sft` on the built-in task (cached)."""
+
+Strategy = Literal["fsdp2", "fsdp", "none"]
+DType = Literal["bfloat16", "bf16", "float32", "fp32", "auto"]
+LRScheduler = Literal["constant", "cosine"]
+RolloutName = Literal["hf", "vllm", "sglang"]
+ProfilerContent = Literal["cpu", "cuda", "memory", "shapes", "stack"]  # verl's tool_config.torch.contents
+PROFILER_CONTENTS: tuple[str, ...] = get_args(ProfilerContent)
+
+FULL_KL_REFUSED = {"full": "is refused: klguard does not implement the full-vocabulary KL (it keeps no full "
+                           "logits); use low_var_kl or kl"}
+_MICRO = at_least(1)  # a micro-batch size, null = all at once
+_TOP_K = Rule(lambda v: v >= -1, "must be -1 (off) or >= 0")
+
+
+# ----------------------------------------------------------------------------- actor / rollout / ref
+@dataclass
+class ModelConfig:
+    path: str = opt(BUILTIN_MODEL, f"Local HF model folder; {BUILTIN_MODEL} = the built-in tiny policy")
+    tokenizer_path: str | None = opt(None, "Tokenizer folder (null = model.path)")
+    trust_remote_code: bool = opt(False, "Allow model code shipped inside the model folder")
+    override_config: dict = opt({}, "Overrides applied to the model's HF config before loading")
+    enable_gradient_checkpointing: bool = opt(
+        False, "Recompute activations in backward (verl: true; off because the demo model is tiny)"
+    )
+    custom_chat_template: str | None = opt(None, "A Jinja chat template replacing the tokenizer's")
+    share_prompt_forward: bool = opt(
+        True, "Run each group's identical prompt once in the reference, actor and critic forwards (rollout.n > 1; "
+        "the same numbers up to float rounding)"
+    )
+
+
+@dataclass
+class OptimConfig:
+    lr: float = opt(1e-4, "Learning rate (verl actor: 1e-6; 1e-4 sizes the built-in demo)", rule=positive)
+    weight_decay: float = opt(0.01, "AdamW weight decay", rule=non_negative)
+    betas: list = opt([0.9, 0.999], "AdamW betas")
+    lr_warmup_steps: int = opt(-1, "Linear warm-up steps (-1 = use lr_warmup_steps_ratio)")
+    lr_warmup_steps_ratio: float = opt(
+        0.0, "Warm-up steps as a share of total training steps", rule=interval("[0, 1)")
+    )
+    lr_scheduler_type: LRScheduler = opt("constant", f"Learning-rate schedule after warm-up: {choices(LRScheduler)}")
+    min_lr_ratio: float = opt(0.0, "Cosine schedule floor as a share of lr")
+    num_cycles: float = opt(0.5, "Cosine schedule cycles")
+
+    def check(self, key: str) -> None:
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            fail(f"{key}.betas", self.betas, "must be two numbers in [0, 1)")
+
+
+@dataclass
+class ShardingConfig:
+    fsdp_size: int = opt(
+        -1, "Ranks one model is sharded over (-1 = all); fewer builds a 2-D (replicate x shard) mesh, HSDP",
+        rule=Rule(lambda v: v == -1 or v >= 1, "must be -1 (all ranks) or >= 1"),
+    )
+    offload_policy: bool = opt(
+        False, "Keep parameters, gradients and optimizer states on the CPU (FSDP2 CPUOffloadPolicy; CUDA only)"
+    )
+    reshard_after_forward: bool = opt(
+        True, "Free each layer's gathered weights after its forward (less memory, one more all-gather in backward)"
+    )
+
+
+@dataclass
+class RefFSDPConfig(ShardingConfig):
+    offload_policy: bool = opt(
+        True, "Keep the reference's shards on the CPU (verl offloads the FSDP2 reference whatever its key says)"
+    )
+
+
+@dataclass
+class FSDPConfig(ShardingConfig):
+    dtype: DType = opt(
+        "auto", "Compute dtype, weights stay fp32: " + choices(
+            DType, bfloat16="autocast", bf16="= bfloat16", fp32="= float32",
+            auto="bfloat16 on a GPU that has it, else float32") + " (verl: bfloat16; auto keeps CPU runs exact)"
+    )
+
+
+@dataclass
+class TorchProfilerToolConfig:
+    contents: list = opt([], f"What the torch profiler records, any of: {choices(ProfilerContent)} ([] = cpu, and "
+                         "cuda on a GPU run)")
+
+    def check(self, key: str) -> None:
+        for item in self.contents:
+            one_of(f"{key}.contents", item, ProfilerContent)
+
+
+@dataclass
+class ActorProfilerToolConfig:
+    torch: TorchProfilerToolConfig = section(TorchProfilerToolConfig, "Options of global_profiler.tool=torch")
+
+
+@dataclass
+class ActorProfilerConfig:
+    all_ranks: bool = opt(False, "Every rank writes a trace of the global_profiler steps")
+    ranks: list = opt([], "Ranks that write traces when all_ranks is false ([] = rank 0; verl: no rank); one process "
+                      "runs every role, so one trace covers rollout, reference, critic and updates",
+                      rule=Rule(lambda v: all(whole(r, 0) for r in v), "must be a list of ranks >= 0"))
+    tool_config: ActorProfilerToolConfig = section(ActorProfilerToolConfig, "Per-tool options")
+
+
+@dataclass
+class ActorConfig:
+    strategy: Strategy = opt(
+        "fsdp2", f"Parallelism under torchrun: {choices(Strategy, fsdp='alias of fsdp2', none='replicated, as DDP')}"
+        "; one process runs unsharded"
+    )
+    ppo_mini_batch_size: int = opt(
+        32, "Prompts per optimizer step, before rollout.n (verl: 256; demo-sized)", rule=at_least(1)
+    )
+    ppo_micro_batch_size_per_gpu: int | None = opt(
+        None, "Rollouts per forward/backward on one device (null = the whole mini-batch)", rule=_MICRO
+    )
+    ppo_epochs: int = opt(1, "Passes over each rollout batch", rule=at_least(1))
+    shuffle: bool = opt(False, "Shuffle rollouts before splitting into mini-batches")
+    clip_ratio: float = opt(0.2, "PPO clip range epsilon", rule=interval("(0, 1)"))
+    clip_ratio_low: float | None = opt(
+        None, "Lower clip range (null = clip_ratio; verl defaults it to 0.2, silently overriding clip_ratio)",
+        rule=interval("(0, 1)"),
+    )
+    clip_ratio_high: float | None = opt(
+        None, "Upper clip range (null = clip_ratio; see clip_ratio_low)", rule=interval("(0, 1)")
+    )
+    use_dual_clip: bool = opt(True, "Dual-clip PPO for negative advantages (ours; verl always applies it)")
+    clip_ratio_c: float = opt(3.0, "Dual-clip bound: a negative-advantage token's loss is at most c*|A|",
+                              rule=greater(1, "(the dual-clip bound is c * |A|)"))
+    loss_agg_mode: LossAggMode = opt("token-mean", f"Loss aggregation: {choices(LossAggMode)}")
+    entropy_coeff: float = opt(0.0, "Entropy bonus coefficient", rule=non_negative)
+    use_kl_loss: bool = opt(False, "Add beta * KL(actor || ref) to the actor loss (GRPO style)")
+    kl_loss_coef: float = opt(0.001, "Coefficient of the KL loss", rule=non_negative)
+    kl_loss_type: KLEstimator = opt(
+        "low_var_kl", "KL estimator of the KL loss (see algorithm.kl_penalty)", unsupported=FULL_KL_REFUSED
+    )
+    grad_clip: float = opt(1.0, "Clip the actor's gradient norm to this (<= 0 disables clipping)")
+    optim: OptimConfig = section(OptimConfig, "Actor optimizer (AdamW)")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "Precision of the actor, the reference and the reward model")
+    profiler: ActorProfilerConfig = section(ActorProfilerConfig, "Ranks and contents of global_profiler traces")
+
+
+def _check_temperature(sampling: ValKwargs | RolloutConfig, key: str) -> None:
+    if sampling.do_sample and not (math.isfinite(sampling.temperature) and sampling.temperature > 0):
+        fail(f"{key}.temperature", sampling.temperature, "must be > 0 when do_sample is true")
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = opt(0.0, "Validation sampling temperature (0 = greedy)")
+    top_k: int = opt(-1, "Validation top-k (-1 = off)", rule=_TOP_K)
+    top_p: float = opt(1.0, "Validation top-p", rule=interval("(0, 1]"))
+    n: int = opt(1, "Samples per validation prompt")
+    do_sample: bool = opt(False, "Sample at validation (false = greedy)")
+
+    def check(self, key: str) -> None:
+        _check_temperature(self, key)
+
+
+@dataclass
+class RolloutConfig:
+    name: RolloutName = opt(
+        "hf", f"Rollout engine: {choices(RolloutName, hf='transformers forward with a KV cache')}; klguard samples "
+        "with hf whichever is named (one warning)"
+    )
+    temperature: float = opt(1.0, "Sampling temperature")
+    top_k: int = opt(-1, "Top-k sampling (-1 = off)", rule=_TOP_K)
+    top_p: float = opt(1.0, "Top-p sampling (1.0 = off)", rule=interval("(0, 1]"))
+    do_sample: bool = opt(True, "Sample (false = greedy)")
+    n: int = opt(1, "Responses per prompt (>1 for group estimators such as GRPO and RLOO)", rule=at_least(1))
+    ignore_eos: bool = opt(False, "Generate max_response_length tokens regardless of EOS")
+    enforce_eager: bool = opt(True, "false: the decode step runs compiled (torch.compile, static KV cache); verl: "
+                              "false, here true: compiling costs seconds per batch shape and needs a C++ compiler")
+    log_prob_micro_batch_size_per_gpu: int | None = opt(
+        None, "Rollouts per old-log-prob forward (null = all)", rule=_MICRO
+    )
+    val_kwargs: ValKwargs = section(ValKwargs, "Sampling settings at validation")
+
+    def check(self, key: str) -> None:
+        _check_temperature(self, key)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int | None = opt(
+        None, "Rollouts per reference forward (null = all)", rule=_MICRO
+    )
+    fsdp_config: RefFSDPConfig = section(RefFSDPConfig, "Sharding of the reference (it follows the actor's strategy)")
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = section(ModelConfig, "The policy model")
+    actor: ActorConfig = section(ActorConfig, "Policy update")
+    rollout: RolloutConfig = section(RolloutConfig, "Sampling")
+    ref: RefConfig = section(RefConfig, "Frozen reference policy")
+
+
+# ----------------------------------------------------------------------------- critic
+@dataclass
+class CriticModelConfig:
+    path: str | None = opt(None, "Critic model folder (null = actor_rollout_ref.model.path)")
+    override_config: dict = opt({}, "Overrides applied to the critic's HF config")
+    enable_gradient_checkpointing: bool = opt(False, "Recompute activations in backward (verl: true)")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "Precision of the critic")
+
+
+@dataclass
+class CriticOptimConfig(OptimConfig):
+    lr: float = opt(1e-3, "Critic learning rate (verl: 1e-5; 1e-3 sizes the built-in demo)", rule=positive)
+
+
+@dataclass
+class CriticConfig:
+    enable: bool | None = opt(None, "Train a critic (null = only when algorithm.adv_estimator is gae)")
+    strategy: Strategy = opt(
+        "fsdp2", f"Parallelism under torchrun: {choices(Strategy, fsdp='alias', none='replicated')}"
+    )
+    model: CriticModelConfig = section(CriticModelConfig, "The value model (a token-classification head)")
+    optim: CriticOptimConfig = section(CriticOptimConfig, "Critic optimizer (AdamW)")
+    ppo_mini_batch_size: int = opt(
+        "${actor_rollout_ref.actor.ppo_mini_batch_size}", "Prompts per critic step", rule=at_least(1)
+    )
+    ppo_micro_batch_size_per_gpu: int | None = opt(
+        None, "Rollouts per critic forward/backward (null = all)", rule=_MICRO
+    )
+    ppo_epochs: int = opt("${actor_rollout_ref.actor.ppo_epochs}", "Passes over each batch for the critic",
+                          rule=at_least(1))
+    shuffle: bool = opt("${actor_rollout_ref.actor.shuffle}", "Shuffle before splitting into mini-batches")
+    cliprange_value: float = opt(0.5, "Value clip range around the rollout-time values", rule=positive)
+    loss_agg_mode: LossAggMode = opt("${actor_rollout_ref.actor.loss_agg_mode}", "Value loss aggregation mode")
+    grad_clip: float = opt(1.0, "Clip the critic's gradient norm to this (<= 0 disables)")
