@@ -40,9 +40,8 @@ def test_every_base_estimator_has_its_plus_form_and_full_is_gone() -> None:
 
 def test_choice_lists_elsewhere_agree_with_the_schema() -> None:
     """Modules outside config/ that keep their own copy (data, profiling) hold the same values."""
-    from klguard.config.schema import BuiltinForm, Truncation
-    from klguard.data.arith import FORMS
-    from klguard.data.dataset import TRUNCATIONS
+    from klguard.data.arith import FORMS, BuiltinForm
+    from klguard.data.dataset import TRUNCATIONS, Truncation
     from klguard.runtime.profiling import CONTENTS
 
     assert set(TRUNCATIONS) == set(get_args(Truncation))

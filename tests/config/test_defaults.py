@@ -9,8 +9,10 @@ from klguard.config import config_to_dict, load_config
 from klguard.config.loader import _flatten
 
 SNAPSHOT = Path(__file__).with_name("default_config.json")
-# verl keys that nothing read: no longer in the schema, so they join the one "verl keys ignored" warning
-REMOVED = {"data.reward_fn_key", "data.validation_shuffle"}
+# verl keys that nothing read: no longer in the schema, so they join the one "verl keys ignored" warning (klguard's
+# old log-probs come out of the sampling loop: there is no old-log-prob forward to micro-batch)
+REMOVED = {"data.reward_fn_key", "data.validation_shuffle",
+           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"}
 
 
 def test_defaults_match_the_snapshot() -> None:
@@ -21,5 +23,6 @@ def test_defaults_match_the_snapshot() -> None:
 
 
 def test_removed_keys_are_ignored_verl_keys() -> None:
-    loaded = load_config(None, ["data.reward_fn_key=source", "data.validation_shuffle=true"])
+    loaded = load_config(None, ["data.reward_fn_key=source", "data.validation_shuffle=true",
+                                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"])
     assert loaded.ignored_verl_keys == sorted(REMOVED)

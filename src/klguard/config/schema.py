@@ -43,6 +43,8 @@ from klguard.config.schema_policy import (
     OptimConfig,
     ProfilerContent,
 )
+from klguard.data.arith import BuiltinForm
+from klguard.data.dataset import Truncation
 from klguard.errors import ConfigError
 from klguard.guard.config import GuardConfig
 
@@ -50,8 +52,6 @@ from klguard.guard.config import GuardConfig
 __all__ = ["BUILTIN_MODEL", "PROFILER_CONTENTS", "ActorConfig", "ActorRolloutRefConfig", "Config", "CriticConfig",
            "GuardConfig", "OptimConfig", "ProfilerContent", "SFTConfig"]
 
-Truncation = Literal["error", "left", "right", "middle"]
-BuiltinForm = Literal["a+b-c", "mixed", "two"]
 KLUnit = Literal["token_mean", "seq_sum"]
 Logger = Literal["console", "jsonl", "file", "tensorboard", "wandb", "mlflow"]
 ResumeMode = Literal["auto", "disable", "resume_path"]

@@ -202,9 +202,6 @@ class RolloutConfig:
     ignore_eos: bool = opt(False, "Generate max_response_length tokens regardless of EOS")
     enforce_eager: bool = opt(True, "false: the decode step runs compiled (torch.compile, static KV cache); verl: "
                               "false, here true: compiling costs seconds per batch shape and needs a C++ compiler")
-    log_prob_micro_batch_size_per_gpu: int | None = opt(
-        None, "Rollouts per old-log-prob forward (null = all)", rule=_MICRO
-    )
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling settings at validation")
 
     def check(self, key: str) -> None:

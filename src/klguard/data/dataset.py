@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,7 +24,8 @@ from transformers import PreTrainedTokenizerBase
 
 from klguard.errors import UserError
 
-TRUNCATIONS: tuple[str, ...] = ("error", "left", "right", "middle")
+Truncation = Literal["error", "left", "right", "middle"]  # data.truncation, as verl
+TRUNCATIONS: tuple[str, ...] = get_args(Truncation)
 
 
 class DatasetError(UserError, ValueError):
