@@ -3,8 +3,6 @@
 Conventions: see klguard.config.fields; klguard.config.schema assembles the whole tree and re-exports these.
 """
 
-# ruff: noqa: RUF009  (opt() and section() build each dataclass field with its description: that call is the point)
-
 from __future__ import annotations
 
 import math

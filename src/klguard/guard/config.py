@@ -101,7 +101,7 @@ class GuardConfig:
         0.1, "Relative length growth that counts as 'growing' for the correlation signal", rule=_TOLERANCE
     )
     entropy_collapse_ratio: float = opt(0.3, "actor/entropy below this x baseline: hacking signal", rule=_SHARE)
-    hacking_action: HackingAction = opt(  # noqa: RUF009 (ruff knows no Literal is immutable)
+    hacking_action: HackingAction = opt(
         "rollback", f"Response to a hacking alarm: {choices(HackingAction, rollback='then tighten')}"
     )
     hacking_kl_coef_factor: float = opt(2.0, "kl_coef multiplier on a hacking alarm", rule=_FACTOR)
