@@ -1,0 +1,36 @@
+"""Tolerances for float comparisons of two computation paths, derived from float32 rounding (issue #16).
+
+Kernels round differently on each x86 CPU (AVX-512, AVX2 or plain SSE code, MKL's own choices), so a tolerance
+copied from what one CPU produced fails on another. Reordering or re-blocking a sum of n float32 terms moves it by
+at most about n * eps32 * (the terms' scale); so a tolerance is absolute, at terms x eps32 x the scale of the
+compared values, taken from the reference values at run time. A per-element relative tolerance would fail on
+entries that are small only through cancellation.
+
+Test files import it with `from tolerances import ...`: pytest puts tests/ on sys.path when it loads
+tests/conftest.py (not importable itself: the sub-folders' conftest.py files shadow its module name).
+"""
+
+from __future__ import annotations
+
+import torch
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def float32_tol(reference: torch.Tensor | float, terms: int) -> float:
+    """Absolute tolerance ``terms x eps32 x max|reference|`` for float32 results that two paths round differently;
+    ``terms``: the number of terms whose summation order differs (or, for a deep computation, see
+    `forward_terms`)."""
+    reference = torch.as_tensor(reference).detach()
+    return terms * EPS32 * float(reference.abs().max()) if reference.numel() else 0.0
+
+
+def forward_terms(model: torch.nn.Module) -> int:
+    """``terms`` for the outputs of a transformer (logits, log-probs, entropies, values) computed by two paths
+    (a batch or one row, padded or not, a KV-cache decode or one forward, compiled or eager, the prompt shared or
+    not): each of its L layers sums at most W = max(hidden, intermediate) products per output (its attention sums
+    over fewer keys than W in these tests), and the residual stream carries every layer's rounding on to the
+    logits, so the outputs move by at most about L x W x eps32 x their scale."""
+    cfg = model.config
+    width = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size
+    return cfg.num_hidden_layers * max(cfg.hidden_size, width)
