@@ -34,3 +34,10 @@ def forward_terms(model: torch.nn.Module) -> int:
     cfg = model.config
     width = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size
     return cfg.num_hidden_layers * max(cfg.hidden_size, width)
+
+
+def step_tol(before: torch.Tensor, after: torch.Tensor, terms: int) -> float:
+    """Absolute tolerance for a parameter after one SGD step (``before - lr x grad``) taken by two paths whose
+    gradients differ by rounding: ``terms x eps32 x max|lr x grad|`` (``max|after - before|``), plus the step's own
+    rounding at the parameter's scale (the two paths may land on neighbouring floats: one ulp <= eps32 x |p|)."""
+    return float32_tol(after.detach() - before.detach(), terms) + float32_tol(after, 1)
