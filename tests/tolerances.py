@@ -13,6 +13,7 @@ tests/conftest.py (not importable itself: the sub-folders' conftest.py files sha
 from __future__ import annotations
 
 import torch
+from transformers import PretrainedConfig
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -25,13 +26,13 @@ def float32_tol(reference: torch.Tensor | float, terms: int) -> float:
     return terms * EPS32 * float(reference.abs().max()) if reference.numel() else 0.0
 
 
-def forward_terms(model: torch.nn.Module) -> int:
+def forward_terms(model: torch.nn.Module | PretrainedConfig) -> int:
     """``terms`` for the outputs of a transformer (logits, log-probs, entropies, values) computed by two paths
     (a batch or one row, padded or not, a KV-cache decode or one forward, compiled or eager, the prompt shared or
     not): each of its L layers sums at most W = max(hidden, intermediate) products per output (its attention sums
     over fewer keys than W in these tests), and the residual stream carries every layer's rounding on to the
-    logits, so the outputs move by at most about L x W x eps32 x their scale."""
-    cfg = model.config
+    logits, so the outputs move by at most about L x W x eps32 x their scale. Takes the model or its config."""
+    cfg = getattr(model, "config", model)
     width = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size
     return cfg.num_hidden_layers * max(cfg.hidden_size, width)
 
