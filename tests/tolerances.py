@@ -42,3 +42,31 @@ def step_tol(before: torch.Tensor, after: torch.Tensor, terms: int) -> float:
     gradients differ by rounding: ``terms x eps32 x max|lr x grad|`` (``max|after - before|``), plus the step's own
     rounding at the parameter's scale (the two paths may land on neighbouring floats: one ulp <= eps32 x |p|)."""
     return float32_tol(after.detach() - before.detach(), terms) + float32_tol(after, 1)
+
+
+# Training runs that differ by rounding only (1 vs 2 ranks, shared vs plain prompt forwards, compiled vs eager
+# decode): for each compared metric, the logged values whose magnitude bounds its per-token terms (default: the
+# metric itself). pg_loss's terms are -A x ratio, vf_loss's 0.5 (v - R)^2, the KL metrics' differences of log-probs
+# (|log-prob| ~ the entropy), a mean's its entries.
+METRIC_SCALES = {
+    "actor/pg_loss": ("actor/pg_loss", "critic/advantages/max", "critic/advantages/min"),
+    "actor/kl_loss": ("actor/kl_loss", "actor/entropy"),
+    "actor/ppo_kl": ("actor/ppo_kl", "actor/entropy"),
+    "actor/reward_kl_penalty": ("actor/reward_kl_penalty", "actor/entropy"),
+    "critic/vf_loss": ("critic/vf_loss", "critic/returns/max", "critic/returns/min", "critic/values/max",
+                       "critic/values/min"),
+    "critic/values/mean": ("critic/values/max", "critic/values/min"),
+    "critic/score/mean": ("critic/score/max", "critic/score/min"),
+}
+
+
+def metric_tol(records: list[dict], key: str, step: int, rows: int, model_terms: int) -> float:
+    """Absolute tolerance for metric `key` at `step` of two training runs that differ by rounding only: a step's
+    rounding is (model_terms + its token positions, rows x (longest prompt + longest response)) x eps32 x the scale
+    of the metric's terms (METRIC_SCALES, largest over the reference run's `records`), and step s carries the
+    s - 1 before it (validation before training, step 0: exact)."""
+    at = next(r for r in records if r["step"] == step)
+    positions = rows * (at.get("prompt_length/max", 0) + at.get("response_length/max", 0))
+    scale = max((abs(r[k]) for r in records if r["step"] for k in METRIC_SCALES.get(key, (key,)) if k in r),
+                default=0.0)
+    return step * (model_terms + positions) * EPS32 * scale
