@@ -40,7 +40,8 @@ def forward_terms(model: torch.nn.Module | PretrainedConfig) -> int:
 def step_tol(before: torch.Tensor, after: torch.Tensor, terms: int) -> float:
     """Absolute tolerance for a parameter after one SGD step (``before - lr x grad``) taken by two paths whose
     gradients differ by rounding: ``terms x eps32 x max|lr x grad|`` (``max|after - before|``), plus the step's own
-    rounding at the parameter's scale (the two paths may land on neighbouring floats: one ulp <= eps32 x |p|)."""
+    rounding at the parameter's scale (the two paths may land on neighbouring floats: one ulp <= eps32 x |p|, a bound
+    the norm weights, at |p| ~ 1, do reach)."""
     return float32_tol(after.detach() - before.detach(), terms) + float32_tol(after, 1)
 
 
