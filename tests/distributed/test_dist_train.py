@@ -2,7 +2,12 @@
 coefficient on every rank, and sharded checkpoints that resume at the other world size.
 
 Tolerance: the two runs sample the same tokens and sum the same gradients; only float summation order differs
-(a rank's forward sees half the batch), measured at <= 1e-6 absolute on every metric over 4 steps. We allow 1e-4.
+(a rank's forward sees half the batch, the metrics are reduced over ranks). One step's rounding moves a metric by
+at most (forward_terms(policy) + the batch's token positions) x eps32 x the scale of the metric's terms, taken
+from the one-process run's logged values, and step s carries the s - 1 before it (tests/tolerances.py
+metric_tol): 2e-5 to 2e-3 here, where the differences seen are <= 2% of it. Tokens sampled differently move the
+score mean by >= 1/512 and the losses by ~1e-2; gradients averaged instead of summed over the ranks halve
+grad_norm.
 """
 
 from __future__ import annotations
@@ -15,9 +20,14 @@ from pathlib import Path
 import pytest
 from dist_runs import TORCHRUN, TRAIN, run, why
 
-TOL = 1e-4
+from klguard.model.char_tokenizer import build_char_tokenizer
+from klguard.model.tiny import build_tiny_llama
+from tolerances import forward_terms, metric_tol
+
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/reward_kl_penalty_coeff", "actor/reward_kl_penalty",
             "critic/vf_loss", "actor/grad_norm")
+POLICY_TERMS = forward_terms(build_tiny_llama(build_char_tokenizer()))  # the SFT policy (and critic) of every run
+ROWS = 16  # rollouts a step: 16 prompts (dist_base), or 4 prompts x rollout.n = 4
 
 
 def _records(run_dir: Path) -> dict[int, dict]:
@@ -28,7 +38,8 @@ def _assert_same_metrics(ref: Path, other: Path, steps: range) -> None:
     a, b = _records(ref), _records(other)
     for step in steps:
         for key in COMPARED:
-            assert b[step][key] == pytest.approx(a[step][key], abs=TOL), (step, key)
+            tol = metric_tol(list(a.values()), key, step, ROWS, POLICY_TERMS)
+            assert b[step][key] == pytest.approx(a[step][key], rel=0, abs=tol), (step, key)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +94,7 @@ def test_eval_reads_a_sharded_checkpoint(two_ranks, dist_base, capsys):
     assert main(["eval", str(two_ranks / "global_step_4"), *dist_base]) == 0
     printed = dict(line.split() for line in capsys.readouterr().out.splitlines())
     key = "val-core/klguard/arith/acc/mean@1"
+    # a share of the 16 validation prompts (exact in float): any change is >= 1/16, 1e-4 only absorbs printing
     assert float(printed[key]) == pytest.approx(_records(two_ranks)[4][key], abs=1e-4)
 
 

@@ -10,7 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from klguard.commands.cli import main
+from klguard.model.char_tokenizer import build_char_tokenizer
+from klguard.model.tiny import build_tiny_llama
 from klguard.ppo import shared_prefix
+from tolerances import forward_terms, metric_tol
 
 REQUIRED_METRICS = [
     "actor/ppo_kl", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/entropy",
@@ -19,6 +22,13 @@ REQUIRED_METRICS = [
     "response_length/clip_ratio", "timing_s/gen", "timing_s/ref", "timing_s/update_actor", "timing_s/step",
     "perf/throughput", "hacking/gold_score", "hacking/proxy_score", "hacking/gap", "hacking/rate",
 ]
+
+
+# Runs that differ by rounding only (shared vs plain prompt forwards, compiled vs eager decode) are compared at
+# tests/tolerances.py metric_tol: each step's (forward_terms(policy) + token positions) x eps32 x the scale of the
+# metric's terms, times the step. A token sampled differently moves score/mean by >= 1/(32 x rows), the losses by
+# ~1e-2.
+POLICY_TERMS = forward_terms(build_tiny_llama(build_char_tokenizer()))  # the SFT policy (and critic)
 
 
 def _records(run: Path) -> list[dict]:
@@ -63,10 +73,10 @@ def test_resume_continues_at_the_right_step_with_the_same_kl_coefficient(fast_ov
     assert [r["step"] for r in parts] == [1, 2, 3, 4]
     coeffs = [full[s]["actor/reward_kl_penalty_coeff"] for s in (1, 2, 3, 4)]
     assert len(set(coeffs)) > 1  # the adaptive controller really moved
-    for r in parts:
+    for r in parts:  # the same computation: resuming is exact (the reliability tests check it bit for bit)
         assert r["actor/reward_kl_penalty_coeff"] == full[r["step"]]["actor/reward_kl_penalty_coeff"]
-        assert r["critic/score/mean"] == pytest.approx(full[r["step"]]["critic/score/mean"], abs=1e-6)
-        assert r["actor/pg_loss"] == pytest.approx(full[r["step"]]["actor/pg_loss"], abs=1e-5)
+        assert r["critic/score/mean"] == full[r["step"]]["critic/score/mean"]
+        assert r["actor/pg_loss"] == full[r["step"]]["actor/pg_loss"]
 
 
 def test_total_epochs_sets_the_length_when_total_training_steps_is_null(fast_overrides, tmp_path):
@@ -86,6 +96,7 @@ def test_eval_reproduces_the_final_validation(fast_overrides, tmp_path, capsys):
     assert main(["eval", str(tmp_path / "run" / "global_step_2"), *fast_overrides]) == 0
     printed = dict(line.split() for line in capsys.readouterr().out.splitlines())
     key = "val-core/klguard/arith/acc/mean@1"
+    # shares of the 16 validation prompts (exact in float): any change is >= 1/16, 1e-4 only absorbs printing
     assert float(printed[key]) == pytest.approx(final[key], abs=1e-4)
     assert float(printed["val-aux/klguard/arith/hacking_rate/mean@1"]) == pytest.approx(
         final["val-aux/klguard/arith/hacking_rate/mean@1"], abs=1e-4)
@@ -117,7 +128,8 @@ def test_grpo_with_shared_prompt_forwards_trains_like_the_plain_forwards(fast_ov
     assert calls["false"] == 0 and calls["true"] >= 3 * 3  # reference, values and actor forwards, every step
     for shared, plain in zip(runs["true"], runs["false"], strict=True):
         for key in keys:
-            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), (plain["step"], key)
+            tol = metric_tol(runs["false"], key, plain["step"], 8 * 4, POLICY_TERMS)  # 8 prompts x rollout.n = 4
+            assert shared[key] == pytest.approx(plain[key], rel=0, abs=tol), (plain["step"], key)
 
 
 def test_compiled_decode_trains_like_the_eager_loop(fast_overrides, tmp_path, monkeypatch):
@@ -147,7 +159,8 @@ def test_compiled_decode_trains_like_the_eager_loop(fast_overrides, tmp_path, mo
     for compiled, plain in zip(runs["false"], runs["true"], strict=True):
         for key in keys:
             if key in plain:
-                assert compiled[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), (plain["step"], key)
+                tol = metric_tol(runs["true"], key, plain["step"], 16, POLICY_TERMS)  # 16 prompts a step
+                assert compiled[key] == pytest.approx(plain[key], rel=0, abs=tol), (plain["step"], key)
     torch._dynamo.reset()
 
 

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from klguard.data.dataset import collate_left_pad
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import build_tiny_llama, save_hf_folder
+from tolerances import float32_tol, forward_terms
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,9 @@ def test_sdpa_and_eager_agree_on_real_positions(tok) -> None:
         model.set_attn_implementation("eager")
         slow = model(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
-    torch.testing.assert_close(fast[real], slow[real], rtol=1e-4, atol=1e-5)
+    # two attention kernels: forward_terms x eps32 x |logit| (tests/tolerances.py), 4e-5 at |logit| <= 0.67, while
+    # attending the padding moves these logits by up to 0.4
+    torch.testing.assert_close(fast[real], slow[real], rtol=0, atol=float32_tol(slow[real], forward_terms(model)))
 
 
 def test_saved_folder_loads_back_with_identical_logits(tok, tmp_path) -> None:

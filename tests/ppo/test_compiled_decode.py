@@ -12,6 +12,7 @@ import klguard.ppo.compiled_decode as cd
 import klguard.ppo.rollout as ro
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import build_tiny_llama
+from tolerances import float32_tol, forward_terms
 
 PAD, EOS_SET = 0, [2, 5, 9, 14]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,10 +53,14 @@ def both(model, ids, mask, **kw) -> tuple[ro.RolloutBatch, ro.RolloutBatch]:
     return run(False), run(True)
 
 
-def assert_same(eager: ro.RolloutBatch, compiled: ro.RolloutBatch) -> None:
+def assert_same(eager: ro.RolloutBatch, compiled: ro.RolloutBatch, model: torch.nn.Module) -> None:
+    """Same tokens; log-probs up to the rounding of two paths (inductor's fused kernels, a static cache):
+    forward_terms(model) x eps32 x |log-prob| (tests/tolerances.py), 1.1e-4 at |lp| ~ 3.5 here, while positions
+    one off for the generated tokens move them by 2.4e-3 and attending the padding by 0.28."""
     assert torch.equal(eager.response_ids, compiled.response_ids)
     assert torch.equal(eager.response_mask, compiled.response_mask)
-    torch.testing.assert_close(compiled.old_logprobs, eager.old_logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled.old_logprobs, eager.old_logprobs, rtol=0,
+                               atol=float32_tol(eager.old_logprobs, forward_terms(model)))
 
 
 @pytest.mark.parametrize("kw", [dict(do_sample=False, ignore_eos=True, max_new_tokens=12),
@@ -65,7 +70,7 @@ def assert_same(eager: ro.RolloutBatch, compiled: ro.RolloutBatch) -> None:
 def test_compiled_step_samples_the_eager_tokens(llama, kw):
     ids, mask = prompts(4, 4, [3, 9, 6, 1], seed=0)  # GRPO-style groups, padded
     eager, compiled = both(llama, ids, mask, **kw)
-    assert_same(eager, compiled)
+    assert_same(eager, compiled, llama)
     decoder = cd.compiled_decoder(llama)
     assert decoder is not None and decoder.eager_reason is None  # it compiled and ran the compiled step
     assert decoder._caches  # the static cache the decode loop used
@@ -75,7 +80,7 @@ def test_other_shapes_and_reused_caches(llama):
     """New batch sizes and prompt lengths compile (or reuse) their own graph and cache; results still match."""
     for groups, group, lengths, seed in ((3, 1, [5, 2, 7], 1), (2, 4, [30, 4], 2), (3, 1, [5, 2, 7], 3)):
         ids, mask = prompts(groups, group, lengths, seed)
-        assert_same(*both(llama, ids, mask, temperature=1.0, max_new_tokens=8))
+        assert_same(*both(llama, ids, mask, temperature=1.0, max_new_tokens=8), llama)
     shapes = [key[:2] for key in cd.compiled_decoder(llama)._caches]  # the last two shapes, most recent last
     assert shapes == [(8, cd.capacity_for(30, 8)), (3, cd.capacity_for(7, 8))]
 
@@ -90,7 +95,7 @@ def test_capacity_is_bucketed_and_the_window_doubles():
 def test_a_long_rollout_crosses_windows(llama):
     """Prompt 20 + 50 tokens: the window grows 32 -> 64 -> 96 (the capacity) within one rollout."""
     ids, mask = prompts(2, 2, [20, 11], seed=6)
-    assert_same(*both(llama, ids, mask, do_sample=False, ignore_eos=True, max_new_tokens=50))
+    assert_same(*both(llama, ids, mask, do_sample=False, ignore_eos=True, max_new_tokens=50), llama)
 
 
 def test_failed_compile_falls_back_to_the_eager_step(monkeypatch, caplog):
@@ -104,7 +109,7 @@ def test_failed_compile_falls_back_to_the_eager_step(monkeypatch, caplog):
     ids, mask = prompts(2, 2, [4, 6], seed=4)
     with caplog.at_level(logging.WARNING, logger="klguard.ppo.compiled_decode"):
         eager, fallback = both(model, ids, mask, temperature=1.0, max_new_tokens=6)
-    assert_same(eager, fallback)
+    assert_same(eager, fallback, model)
     assert cd.compiled_decoder(model).eager_reason == "RuntimeError: no C++ compiler"
     assert sum("decoding eagerly" in r.message for r in caplog.records) == 1
 
@@ -118,6 +123,6 @@ def test_unsupported_model_decodes_eagerly(caplog):
     ids, mask = prompts(2, 1, [4, 6], seed=5)
     with caplog.at_level(logging.WARNING, logger="klguard.ppo.compiled_decode"):
         eager, compiled = both(model, ids, mask, temperature=1.0, max_new_tokens=6)
-    assert_same(eager, compiled)
+    assert_same(eager, compiled, model)
     assert cd.compiled_decoder(model) is None
     assert sum("no effect" in r.message for r in caplog.records) == 1

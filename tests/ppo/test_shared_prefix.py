@@ -17,6 +17,7 @@ from klguard.ppo.shared_prefix import (
     shared_prefix_values,
     unsupported_reason,
 )
+from tolerances import float32_tol, forward_terms
 
 ARCH = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128, "max_position_embeddings": 128}
 PAD = 0
@@ -26,8 +27,11 @@ PAD = 0
 # entry of that parameter's gradient. So the tolerance is absolute, per parameter, at n * eps32 * max|grad|: a
 # per-element relative tolerance would fail on entries that are small only through cancellation (seen: an entry
 # of -0.0103 in a bias gradient whose largest entry is 20.2 moved by 3e-6 on one CPU, 1.2 eps32 x 20.2).
-EPS32 = torch.finfo(torch.float32).eps
-OUT_TOL = {"rtol": 1e-5, "atol": 1e-5}
+# Outputs (log-probs, entropies, values): the shared path runs the prompt and the responses as two forwards, so each
+# output moves by at most about forward_terms(model) x eps32 x the outputs' scale (tests/tolerances.py): 1.1e-4
+# (Llama) and 2.1e-4 (GPT-2) on log-probs of |lp| <= 3.6. The smallest bug effect seen is 8x that: responses placed
+# one position off their prompt move Llama's log-probs by 9e-4 (RoPE sees only relative positions, and the random
+# weights are small); GPT-2's by 0.57; another group's prompt moves them by 0.2 to 0.5.
 
 # (run lengths, each group's prompt length, response lengths or None for full width); P = 9, R = 7
 LAYOUTS = {
@@ -103,13 +107,17 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _assert_same_grads(model: torch.nn.Module, unshared: dict, shared: dict, positions: int) -> None:
-    """Same gradients up to reordering a sum over `positions` token positions (see EPS32)."""
+    """Same gradients up to reordering a sum over `positions` token positions (see "Gradients" above)."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert sorted(unshared) == sorted(shared) == sorted(names)  # every parameter gets a gradient on both paths
     for name in names:
-        atol = positions * EPS32 * float(unshared[name].abs().max())
-        torch.testing.assert_close(shared[name], unshared[name], rtol=0.0, atol=atol,
+        torch.testing.assert_close(shared[name], unshared[name], rtol=0.0, atol=float32_tol(unshared[name], positions),
                                    msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _assert_same_outputs(shared: torch.Tensor, unshared: torch.Tensor, model: torch.nn.Module) -> None:
+    """Same outputs up to the two paths' rounding (see "Outputs" above)."""
+    torch.testing.assert_close(shared, unshared, rtol=0.0, atol=float32_tol(unshared, forward_terms(model)))
 
 
 def test_prompt_groups():
@@ -139,9 +147,9 @@ def test_logprobs_and_entropy_match(actor, layout):
         lp, ent = shared_prefix_logprobs(actor, ids, mask, R, groups, 0.7, return_entropy=True)
         plain = shared_prefix_logprobs(actor, ids, mask, R, groups)
     assert lp.dtype == ent.dtype == torch.float32 and lp.shape == ent.shape == (sum(runs), R)
-    torch.testing.assert_close(lp, ref_lp, **OUT_TOL)
-    torch.testing.assert_close(ent, ref_ent, **OUT_TOL)
-    torch.testing.assert_close(plain, compute_logprobs(actor, ids, mask, R).detach(), **OUT_TOL)
+    _assert_same_outputs(lp, ref_lp, actor)
+    _assert_same_outputs(ent, ref_ent, actor)
+    _assert_same_outputs(plain, compute_logprobs(actor, ids, mask, R).detach(), actor)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -175,7 +183,7 @@ def test_critic_values_and_gradients_match(critic, layout):
     values = shared_prefix_values(critic, ids, mask, R, groups)
     (values * weights).sum().backward()
     assert values.dtype == torch.float32 and values.shape == (sum(runs), R)
-    torch.testing.assert_close(values, ref, **OUT_TOL)
+    _assert_same_outputs(values, ref, critic)
     _assert_same_grads(critic, ref_grads, _grads(critic), positions=ids.numel())
 
 
@@ -187,7 +195,7 @@ def test_entropy_grad_off_and_groups_none(tokenizer):
     assert lp.requires_grad and not ent.requires_grad
     ref = compute_logprobs(model, ids, mask, R)
     torch.testing.assert_close(shared_prefix_logprobs(model, ids, mask, R, None), ref)  # None: the unshared path
-    torch.testing.assert_close(lp, ref, **OUT_TOL)
+    _assert_same_outputs(lp, ref, model)
 
 
 def test_response_length_one(tokenizer, critic):
@@ -197,10 +205,10 @@ def test_response_length_one(tokenizer, critic):
     ids, mask = ids[:, : P + 1], mask[:, : P + 1]
     groups = prompt_groups(ids, mask, P)
     with torch.no_grad():
-        torch.testing.assert_close(shared_prefix_logprobs(model, ids, mask, 1, groups),
-                                   compute_logprobs(model, ids, mask, 1), **OUT_TOL)
-        torch.testing.assert_close(shared_prefix_values(critic, ids, mask, 1, groups),
-                                   critic_values(critic, ids, mask, 1), **OUT_TOL)
+        _assert_same_outputs(shared_prefix_logprobs(model, ids, mask, 1, groups), compute_logprobs(model, ids, mask, 1),
+                             model)
+        _assert_same_outputs(shared_prefix_values(critic, ids, mask, 1, groups), critic_values(critic, ids, mask, 1),
+                             critic)
 
 
 def test_refusals(tokenizer):
@@ -214,8 +222,8 @@ def test_refusals(tokenizer):
     with pytest.raises(ValueError, match="gradient checkpointing"):
         shared_prefix_logprobs(model, ids, mask, R, groups)
     with torch.no_grad():  # no backward: transformers keeps the cache, the shared path runs
-        torch.testing.assert_close(shared_prefix_logprobs(model, ids, mask, R, groups),
-                                   compute_logprobs(model, ids, mask, R), **OUT_TOL)
+        _assert_same_outputs(shared_prefix_logprobs(model, ids, mask, R, groups), compute_logprobs(model, ids, mask, R),
+                             model)
     assert "no cache argument" in unsupported_reason(torch.nn.Linear(2, 2))
     sliding = tiny_llama_config(tokenizer, **ARCH)
     sliding.layer_types = ["sliding_attention", "full_attention"]

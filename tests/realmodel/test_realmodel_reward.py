@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from klguard.config import load_config
 from klguard.errors import UserError
 from klguard.reward.manager import RewardManager, hacked_by_model
 from klguard.reward.registry import compute_gold_score
+from tolerances import float32_tol, forward_terms
 
 PROMPTS = [[{"role": "user", "content": "Tom has 3 apples and buys 11 more."}],
            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How many apples?"}],
@@ -45,7 +46,10 @@ def test_reward_model_batched_scores_match_one_at_a_time_minus_length_penalty(as
     n_tokens = [3, 12, 1]
     out = rm(RESPONSES, n_tokens, ["openai/gsm8k"] * 3, ["14", "25", "4"], [{}] * 3, prompts=PROMPTS)
     expected = torch.tensor(_direct_rm_scores(assets.rm)) - 0.1 * torch.tensor(n_tokens, dtype=torch.float)
-    torch.testing.assert_close(out.scores, expected, rtol=1e-4, atol=1e-5)
+    # padded micro-batches vs one row: forward_terms x eps32 x the scores' scale (tests/tolerances.py), 1e-5 here,
+    # while a score read one token early moves it by 0.18
+    atol = float32_tol(expected, forward_terms(AutoConfig.from_pretrained(assets.rm)))
+    torch.testing.assert_close(out.scores, expected, rtol=0, atol=atol)
     assert out.gold.tolist() == [1.0, 0.0, 0.0]  # GSM8K strict is kept as the gold score
 
 
