@@ -16,10 +16,16 @@ def test_golden_files_match_the_installed_libraries():
     assert json.loads(VERSIONS_FILE.read_text()) == versions(), "run python tests/golden/golden_runs.py"
 
 
+@pytest.fixture(scope="module")
+def golden_sft_cache(tmp_path_factory):
+    """The golden runs' own SFT cache: a policy the other tests trained outside the reproducible environment rounds
+    differently. The first golden run trains it, the second reuses it (both runs' SFT settings are the same)."""
+    return tmp_path_factory.mktemp("golden-sft")
+
+
 @pytest.mark.parametrize("name", list(RUNS))
-def test_golden_run_is_bit_identical(name, tmp_path):
-    # its own SFT cache: a policy the other tests trained outside the reproducible environment rounds differently
-    run_dir = train(name, tmp_path / "run", tmp_path / "sft")
+def test_golden_run_is_bit_identical(name, tmp_path, golden_sft_cache):
+    run_dir = train(name, tmp_path / "run", golden_sft_cache)
     for kind, golden in golden_files(name).items():
         expected, got = records(golden), records(run_dir / f"{kind}.jsonl")
         assert len(got) == len(expected), f"{kind}: {len(got)} lines, golden has {len(expected)}"
