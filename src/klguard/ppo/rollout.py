@@ -41,6 +41,15 @@ class SamplingParams:
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature <= 0
 
+    @classmethod
+    def of(cls, settings, tokenizer, *, max_new_tokens: int, compile_step: bool) -> SamplingParams:
+        """From a config section with temperature, top_k, top_p, do_sample (and ignore_eos): `rollout` or its
+        `val_kwargs`; EOS and padding from the tokenizer."""
+        return cls(max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id, temperature=settings.temperature, top_k=settings.top_k,
+                   top_p=settings.top_p, do_sample=settings.do_sample,
+                   ignore_eos=getattr(settings, "ignore_eos", False), compile_step=compile_step)
+
 
 @dataclass
 class RolloutBatch:

@@ -32,10 +32,8 @@ def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, v
     rows = [val_data[i] for i in range(len(val_data)) for _ in range(kw.n)]
     size = (cfg.data.val_batch_size or len(val_data)) * kw.n
     gen = step_generator(cfg.trainer.seed, 0, 2, device)  # the same noise at every validation
-    params = SamplingParams(max_new_tokens=cfg.data.max_response_length, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id, temperature=kw.temperature, top_k=kw.top_k,
-                            top_p=kw.top_p, do_sample=kw.do_sample,
-                            compile_step=not cfg.actor_rollout_ref.rollout.enforce_eager)
+    params = SamplingParams.of(kw, tokenizer, max_new_tokens=cfg.data.max_response_length,
+                               compile_step=not cfg.actor_rollout_ref.rollout.enforce_eager)
     model.eval()
     results = []
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if is_distributed() else (0, 1)

@@ -101,11 +101,8 @@ class PPOTrainer:
                                 run_dir=self.run_dir, writes=self.dist.is_main, log=self.log)
         self.profiler = build_profiler(config, self.dist.rank, self.device, self.log)
         rollout = config.actor_rollout_ref.rollout
-        self.sampling = SamplingParams(
-            max_new_tokens=config.data.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id, temperature=rollout.temperature, top_k=rollout.top_k,
-            top_p=rollout.top_p, do_sample=rollout.do_sample, ignore_eos=rollout.ignore_eos,
-            compile_step=not rollout.enforce_eager)
+        self.sampling = SamplingParams.of(rollout, self.tokenizer, max_new_tokens=config.data.max_response_length,
+                                          compile_step=not rollout.enforce_eager)
         if resume_from:
             self.guard.load_state_dict(self.checkpoints.restore(resume_from, self.state))
             log(f"klguard: resumed from {resume_from} at step {self.state.step}")
