@@ -22,6 +22,7 @@ from klguard.distributed import DistContext, any_rank
 from klguard.distributed.fsdp import is_sharded
 from klguard.distributed.sharded_checkpoint import is_dcp, load_optimizer, load_weights, save_model, save_optimizer
 from klguard.errors import UserError
+from klguard.model.loading import load_critic, load_policy
 from klguard.runtime.checkpoint import (
     STATE_FILE,
     CheckpointManager,
@@ -172,8 +173,6 @@ class Checkpoints:
 
     def restore_weights(self, folder: Path, state: TrainState) -> int:
         """Rollback: weights, optimizer states and schedules only; returns the checkpoint's step."""
-        from klguard.model.loading import load_critic, load_policy
-
         saved = load_state(folder)
         cfg, device = self.config, self.dist.device
         load_weights(state.actor, folder / "actor",
@@ -189,8 +188,6 @@ class Checkpoints:
     def rollback_to_stable(self, state: TrainState) -> int:
         """Restore the weights and optimizer states of the newest stable checkpoint (the initial policy when there
         is none); returns its step. The step counter, data position and guard state go on."""
-        from klguard.model.loading import load_critic, load_policy
-
         folder = self.latest_stable()
         if folder is not None:
             step = self.restore_weights(folder, state)

@@ -13,7 +13,10 @@ from klguard.data.arith import write_arith_parquet
 from klguard.data.dataset import load_rl_dataset
 from klguard.data.sampler import PromptSampler
 from klguard.distributed.context import DistContext
-from klguard.model.loading import check_model_folder
+from klguard.distributed.fsdp import shard_model
+from klguard.distributed.sharded_checkpoint import is_dcp
+from klguard.model.loading import check_model_folder, compute_dtype, load_critic, load_policy
+from klguard.ppo.checkpointing import REFERENCE_DIR
 from klguard.ppo.state import TrainState
 from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
 
@@ -74,9 +77,6 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
 
 def _shard(model: torch.nn.Module, cfg: Config, ctx: DistContext, role: str) -> torch.nn.Module:
     """FSDP2 for `role` (actor | critic | ref) as configured; the reference follows the actor's strategy."""
-    from klguard.distributed.fsdp import shard_model
-    from klguard.model.loading import compute_dtype
-
     arr = cfg.actor_rollout_ref
     strategy = cfg.critic.strategy if role == "critic" else arr.actor.strategy
     sharding = {"actor": arr.actor.fsdp_config, "critic": cfg.critic.model.fsdp_config,
@@ -103,10 +103,6 @@ def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: P
                 ) -> tuple[torch.nn.Module, torch.nn.Module | None, torch.nn.Module | None]:
     """(actor, reference, critic) from the policy or an HF-layout checkpoint, sharded under torchrun. A sharded
     (DCP) checkpoint's weights are loaded later, into the sharded models (Checkpoints.restore)."""
-    from klguard.distributed.sharded_checkpoint import is_dcp
-    from klguard.model.loading import load_critic, load_policy
-    from klguard.ppo.checkpointing import REFERENCE_DIR
-
     device = ctx.device
 
     def hf_folder(name: str) -> Path | None:
