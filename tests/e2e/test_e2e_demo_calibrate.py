@@ -12,8 +12,12 @@ def test_demo_trains_both_settings_and_writes_one_comparison(fast_overrides, tmp
     code = main(["demo", "--out", str(out), *fast_overrides, "trainer.total_training_steps=3", "trainer.test_freq=3",
                  "trainer.save_freq=-1"])
     assert code == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "klguard default" in printed and "verl default KL" in printed and "report:" in printed
+    assert "elapsed: " in printed and " wall" in printed
+    assert "\r" not in captured.err  # not a terminal: plain progress lines, no bar redraws
+    assert "klguard demo: 6/6 steps (100%)" in captured.err
     for folder, beta in (("klguard_default", None), ("verl_default", 0.001)):
         rows = [json.loads(line) for line in (out / folder / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [0, 1, 2, 3]

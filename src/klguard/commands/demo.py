@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from klguard.commands.report.summary import text_table
 from klguard.commands.sweep import Job, default_parallel, run_jobs
 from klguard.config import load_config
 from klguard.errors import UserError
+from klguard.runtime.progress import format_duration
 
 DEMO_RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("klguard default", "klguard_default", GUARDED_DEFAULT),
@@ -44,8 +46,9 @@ def run_demo(config_file: str | None, overrides: Sequence[str], out: str | Path,
              show_progress: bool = True) -> Path:
     """Run both trainings, write `OUT/report.html`, print the comparison; returns the report path."""
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr)
+        print(msg, file=sys.stderr, flush=True)
 
+    started = time.monotonic()
     base = load_config(config_file, overrides).config  # a bad key fails here, before anything runs
     out = Path(out)
     prepare_builtin_policy(base, log)
@@ -56,11 +59,12 @@ def run_demo(config_file: str | None, overrides: Sequence[str], out: str | Path,
         fresh_run_dir(run_dir)
         jobs.append(Job(label, run_dir, (*overrides, *recipe, "trainer.resume_mode=disable"), steps))
     run_jobs(jobs, parallel=parallel or default_parallel(), config_file=config_file, desc="klguard demo",
-             show_progress=show_progress)
+             show_progress=show_progress, progress_every=base.trainer.progress_every)
     runs = [load_run(j.run_dir, j.label) for j in jobs]
     report = write_run_report(runs, out / "report.html",
                               title="klguard demo: the guarded default vs verl's default KL on a reward-hacking task")
     print(text_table(runs))
     print(f"\nreport: {report.resolve()}")
     print(f"runs:   {', '.join(str(j.run_dir) for j in jobs)}")
+    print(f"elapsed: {format_duration(time.monotonic() - started)} wall")
     return report

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from klguard.errors import UserError
+from klguard.runtime.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -61,12 +60,12 @@ def _start(job: Job, config_file: str | None, threads: int) -> subprocess.Popen:
 
 
 def run_jobs(jobs: Sequence[Job], *, parallel: int, config_file: str | None = None, desc: str = "klguard",
-             show_progress: bool = True) -> None:
+             show_progress: bool = True, progress_every: int = 0) -> None:
     """Run every job to its end; raise UserError naming the log of the first that failed."""
     threads = max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(jobs))))
     pending, running, failed = list(jobs), [], []
     total = sum(j.total_steps for j in jobs)
-    bar = tqdm(total=total, desc=desc, unit="step", disable=not show_progress, file=sys.stderr, dynamic_ncols=True)
+    bar = Progress(total, desc=desc, enabled=show_progress, every=progress_every)
     finished_steps = 0
     try:
         while pending or running:
@@ -83,9 +82,7 @@ def run_jobs(jobs: Sequence[Job], *, parallel: int, config_file: str | None = No
                 if proc.returncode != 0:
                     failed.append((job, proc.returncode))
             running = still
-            bar.n = finished_steps + sum(_steps_done(j) for j, _ in running)
-            bar.set_postfix_str(", ".join(j.label for j, _ in running), refresh=False)
-            bar.refresh()
+            bar.update(finished_steps + sum(_steps_done(j) for j, _ in running), ", ".join(j.label for j, _ in running))
             if running:
                 time.sleep(1.0)
     finally:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import sys
 
-from tqdm import tqdm
-
 from klguard.config import Config, config_to_dict
 from klguard.distributed import barrier, shutdown
 from klguard.ppo.checkpointing import truncate_logs
 from klguard.ppo.trainer import PPOTrainer
 from klguard.runtime.preemption import Preemption
+from klguard.runtime.progress import Progress
 from klguard.runtime.tracking import Tracking
 
 SUMMARY_KEYS = (
@@ -32,17 +31,15 @@ def _pick(metrics: dict[str, float], key: str) -> float | None:
     return metrics.get(key)
 
 
-def _progress_callback(bar: tqdm):
+def _progress_callback(bar: Progress):
     def update(step: int, metrics: dict[str, float]) -> None:
-        bar.n = step
-        bar.set_postfix({
+        bar.update(step, {
             "gold": f"{metrics.get('hacking/gold_score', float('nan')):.2f}",
             "proxy": f"{metrics.get('critic/score/mean', float('nan')):.2f}",
             "kl": f"{metrics.get('actor/reward_kl_penalty', float('nan')):.4f}",
             "beta": f"{metrics.get('actor/reward_kl_penalty_coeff', float('nan')):.3g}",
             "len": f"{metrics.get('response_length/mean', float('nan')):.1f}",
-        }, refresh=False)
-        bar.refresh()
+        })
     return update
 
 
@@ -57,8 +54,13 @@ def train(config: Config) -> dict[str, float]:
 
 
 def _train(config: Config) -> dict[str, float]:
+    bar: Progress | None = None
+
     def log(msg: str) -> None:
-        tqdm.write(msg, file=sys.stderr)
+        if bar is not None:
+            bar.write(msg)
+        else:
+            print(msg, file=sys.stderr, flush=True)
 
     trainer = PPOTrainer(config, log=log)
     main = trainer.dist.is_main
@@ -66,8 +68,8 @@ def _train(config: Config) -> dict[str, float]:
         truncate_logs(trainer.run_dir, trainer.state.step)
     tracker = Tracking(config.trainer.logger if main else [], trainer.run_dir, project=config.trainer.project_name,
                        experiment=config.trainer.experiment_name, config=config_to_dict(config))
-    bar = tqdm(total=trainer.total_steps, initial=trainer.state.step, desc="klguard train", unit="step",
-               disable=not (config.trainer.progress_bar and main), file=sys.stderr, dynamic_ncols=True)
+    bar = Progress(trainer.total_steps, desc="klguard train", initial=trainer.state.step,
+                   enabled=config.trainer.progress_bar and main, every=config.trainer.progress_every)
     try:
         with Preemption() as preemption:
             last = trainer.fit(tracker, progress=_progress_callback(bar), preemption=preemption)

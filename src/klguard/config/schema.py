@@ -217,7 +217,11 @@ class TrainerConfig:
     )
     device: Device = opt("auto", f"{choices(Device)} (verl: cuda)")
     seed: int = opt(1, "Seeds every RNG (torch, numpy, python, sampling) so a CPU run is reproducible (ours)")
-    progress_bar: bool = opt(True, "Show a live progress bar (ours)")
+    progress_bar: bool = opt(True, "Show progress: a live bar on a terminal, plain lines when stderr is not one (ours)")
+    progress_every: int = opt(
+        0, "Off a terminal, a progress line every N steps (0 = every 10% of the run; ours)",
+        rule=Rule(lambda v: v >= 0, "must be >= 0 (0 = every 10%)"),
+    )
     report: bool = opt(True, "Write report.html (curves, guard actions) into the run directory at the end (ours)")
     dist_timeout_s: float = opt(
         1800.0, "Seconds a rank waits in a collective before the job fails instead of hanging (torchrun runs; ours)",

@@ -49,7 +49,7 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
                                                           "guard.enable=false", "trainer.resume_mode=disable"),
                         base.trainer.total_training_steps or 0))
     run_jobs(jobs, parallel=cal.parallel or default_parallel(), config_file=config_file, desc="klguard calibrate",
-             show_progress=show_progress)
+             show_progress=show_progress, progress_every=base.trainer.progress_every)
 
     runs = [load_run(j.run_dir, j.label) for j in jobs]
     metric = cal.metric
