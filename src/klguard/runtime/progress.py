@@ -18,10 +18,10 @@ __all__ = ["Progress", "format_duration"]
 
 def format_duration(seconds: float) -> str:
     """`42s`, `3m05s`, `1h02m`."""
-    seconds = max(0, int(round(seconds)))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, secs = divmod(seconds, 60)
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
     if minutes < 60:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
@@ -69,7 +69,7 @@ class Progress:
             text += f" ({100 * self.n // self.total}%)"
         text += f", {format_duration(elapsed)} elapsed"
         done = self.n - self._start_n
-        if 0 < done and self.n < self.total:
+        if done > 0 and self.n < self.total:
             text += f", ~{format_duration(elapsed / done * (self.total - self.n))} left"
         if self._figures:
             text += f" | {self._figures}"
