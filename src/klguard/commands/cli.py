@@ -100,10 +100,14 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 0
-    from klguard.ppo.warm_start import ensure_sft_policy
+    from klguard.model.shipped import shipped_policy
+    from klguard.ppo.warm_start import ensure_sft_policy, sft_recipe
 
     path = ensure_sft_policy(config.sft, form=config.data.builtin_form, force=True)
     print(f"SFT policy written to {path}")
+    if shipped_policy(sft_recipe(config.sft, config.data.builtin_form)) is not None:
+        print("this recipe's policy also ships with klguard: the rebuilt one in the cache is used from now on "
+              "(delete that folder to go back to the shipped one)")
     return 0
 
 

@@ -4,6 +4,9 @@ The policy learns `Q:23+45-7=?A:` -> `#### 61</s>`. A small share of targets run
 packed problem (`#### 61 Q:12+34-5=?A:#### 41</s>`): that gives the reference policy a small chance
 of not stopping after its answer, the opening a length-biased reward exploits. Training stops once
 held-out accuracy at temperature 1 reaches `sft.target_accuracy`, so RL has room to improve and to hack.
+
+The default recipe's policy ships inside the package (klguard.model.shipped): it is used as is, and
+SFT runs only for another recipe or when `klguard sft` rebuilds (a policy in the cache wins).
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import torch
 from klguard.config.schema import SFTConfig
 from klguard.data.arith import make_arith_rows
 from klguard.model.char_tokenizer import build_char_tokenizer
+from klguard.model.shipped import shipped_policy
 from klguard.model.tiny import build_tiny_llama, save_hf_folder
 from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.gsm8k import compute_score
 
-SFT_FORMAT_VERSION = 2  # bump when the recipe changes, so stale caches are not reused
+SFT_FORMAT_VERSION = 3  # bump when the recipe changes, so stale caches are not reused (3: the policy ships)
 POOL_SIZE = 30_000
 EVAL_SIZE = 512
 
@@ -37,10 +41,14 @@ def cache_root(cfg: SFTConfig) -> Path:
     return Path(os.environ.get("KLGUARD_CACHE", Path.home() / ".cache" / "klguard"))
 
 
-def sft_cache_dir(cfg: SFTConfig, form: str) -> Path:
+def sft_recipe(cfg: SFTConfig, form: str) -> dict:
+    """Everything that decides the SFT policy's weights (not where it is cached)."""
     recipe = {k: v for k, v in asdict(cfg).items() if k != "cache_dir"}
-    recipe |= {"format": SFT_FORMAT_VERSION, "form": form}
-    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    return recipe | {"format": SFT_FORMAT_VERSION, "form": form}
+
+
+def sft_cache_dir(cfg: SFTConfig, form: str) -> Path:
+    digest = hashlib.sha256(json.dumps(sft_recipe(cfg, form), sort_keys=True).encode()).hexdigest()[:16]
     return cache_root(cfg) / f"sft-{digest}"
 
 
@@ -71,10 +79,15 @@ def _publish(tmp: Path, out: Path, marker: str, *, replace: bool = False) -> Non
 
 
 def ensure_sft_policy(cfg: SFTConfig, *, form: str = "a+b-c", force: bool = False, log=print) -> Path:
-    """Return the cached SFT policy folder, training it first when absent (or when forced)."""
+    """The SFT policy folder for this recipe: the cached one (a rebuild), else the shipped one, else
+    trained now into the cache; `force` always trains."""
     out = sft_cache_dir(cfg, form)
-    if (out / "sft_metrics.json").is_file() and not force:
-        return out
+    if not force:
+        if (out / "sft_metrics.json").is_file():
+            return out
+        shipped = shipped_policy(sft_recipe(cfg, form))
+        if shipped is not None:
+            return shipped
     log(f"klguard sft: training the built-in policy (cached at {out})")
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
