@@ -8,10 +8,11 @@ a job's run directory is an ordinary training run that `klguard report` and `klg
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,13 +61,16 @@ def _start(job: Job, config_file: str | None, threads: int) -> subprocess.Popen:
 
 
 def run_jobs(jobs: Sequence[Job], *, parallel: int, config_file: str | None = None, desc: str = "klguard",
-             show_progress: bool = True, progress_every: int = 0) -> None:
-    """Run every job to its end; raise UserError naming the log of the first that failed."""
+             show_progress: bool = True, progress_every: int = 0,
+             stop_check: Callable[[Job], str | None] | None = None) -> dict[str, str]:
+    """Run every job to its end, or until `stop_check(job)` gives a reason to stop it (SIGTERM: the run
+    finishes its step, writes a checkpoint and exits 0). Returns those reasons by job label; raises
+    UserError naming the log of the first job that failed."""
     threads = max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(jobs))))
     pending, running, failed = list(jobs), [], []
     total = sum(j.total_steps for j in jobs)
     bar = Progress(total, desc=desc, enabled=show_progress, every=progress_every)
-    finished_steps = 0
+    finished_steps, stopping = 0, {}
     try:
         while pending or running:
             while pending and len(running) < parallel:
@@ -76,11 +80,16 @@ def run_jobs(jobs: Sequence[Job], *, parallel: int, config_file: str | None = No
             for job, proc in running:
                 if proc.poll() is None:
                     still.append((job, proc))
+                    reason = stop_check(job) if stop_check is not None and job.label not in stopping else None
+                    if reason:
+                        stopping[job.label] = reason
+                        bar.write(f"klguard: stopping {job.label} early: {reason}")
+                        proc.send_signal(signal.SIGTERM)
                     continue
                 proc.log_file.close()
                 finished_steps += job.total_steps
-                if proc.returncode != 0:
-                    failed.append((job, proc.returncode))
+                if proc.returncode != 0 and not (job.label in stopping and proc.returncode == -signal.SIGTERM):
+                    failed.append((job, proc.returncode))  # (a run told to stop before its loop began dies of it)
             running = still
             bar.update(finished_steps + sum(_steps_done(j) for j, _ in running), ", ".join(j.label for j, _ in running))
             if running:
@@ -93,6 +102,7 @@ def run_jobs(jobs: Sequence[Job], *, parallel: int, config_file: str | None = No
         job, code = failed[0]
         tail = _last_line(job.log_path)
         raise UserError(f"run {job.label!r} failed (exit {code}): {tail} (log: {job.log_path})")
+    return stopping
 
 
 def _last_line(path: Path) -> str:

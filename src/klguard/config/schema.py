@@ -307,6 +307,27 @@ class CalibrateConfig:
         None, "Sweep runs at once (null = one per two cores, all cores on a 2-core machine)",
         rule=at_least(1, or_null=True),
     )
+    early_stop: bool = opt(
+        True, "Stop a sweep run once it hacks or falls behind the others (successive halving at every validation)"
+    )
+    stop_hacking_validations: int = opt(
+        3, "Early stop: validations in a row with the sampled hacking rate over max_hacking_rate", rule=_SIZE
+    )
+    stop_behind: float = opt(
+        0.2, "Early stop: a run whose score is this far under the best non-hacking run's at the same step",
+        rule=positive,
+    )
+    extend_grid: bool = opt(
+        True, "Add targets when the grid has none that learns without hacking (lower when all hack, higher when "
+        "none learns, between when both)"
+    )
+    min_gain: float = opt(
+        0.01, "A run learns when its final score beats the step-0 score by more than this", rule=at_least(0.0)
+    )
+    budget_steps: int | None = opt(
+        None, "Most PPO steps the whole sweep trains, grid extension included (null = len(grid) x total steps)",
+        rule=at_least(1, or_null=True),
+    )
 
     def check(self, key: str) -> None:
         if not self.grid:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import shlex
 import sys
 from collections.abc import Sequence
@@ -18,19 +19,49 @@ from klguard.commands.calibrate.analysis import (
     recommend,
     summarize,
 )
-from klguard.commands.demo import fresh_run_dir, prepare_builtin_policy
-from klguard.commands.report import load_run, write_run_report
+from klguard.commands.calibrate.early_stop import StopRule, next_targets
+from klguard.commands.calibrate.runs import SweepRuns, sweep_overrides
+from klguard.commands.demo import prepare_builtin_policy
+from klguard.commands.report import write_run_report
 from klguard.commands.report.summary import fmt
-from klguard.commands.sweep import Job, default_parallel, run_jobs
+from klguard.commands.sweep import default_parallel
 from klguard.config import load_config
 from klguard.errors import ConfigError
 
 __all__ = ["run_calibration"]
 
 
-def _sweep_overrides(cal, target: float) -> tuple[str, ...]:
-    return (f"algorithm.kl_ctrl.type={cal.controller}", f"algorithm.kl_ctrl.target_kl={target}",
-            f"algorithm.kl_ctrl.kl_coef={cal.kl_coef}", f"algorithm.kl_ctrl.horizon={cal.horizon}")
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _points(sweep: SweepRuns, metric: str, unit: str) -> list[SweepPoint]:
+    return [summarize(run, target, metric, unit) for target, run in sweep.records()]
+
+
+def _start_score(sweep: SweepRuns, metric: str) -> float | None:
+    for _, run in sweep.records():
+        steps, scores = run.series(metric)
+        if steps and steps[0] == 0:
+            return scores[0]
+    return None
+
+
+def _extend(sweep: SweepRuns, cal, metric: str, unit: str, budget: int, parallel: int, **progress) -> str:
+    """Add targets while the grid has no target that learns without hacking and the budget lasts;
+    returns what the sweep found (the bracket, or why there is none)."""
+    while True:
+        found = next_targets(_points(sweep, metric, unit), _start_score(sweep, metric), cal.max_hacking_rate,
+                             cal.min_gain, count=parallel)
+        new = [t for t in found.targets if t not in sweep.targets]
+        if not cal.extend_grid or not new:
+            return found.reason
+        affordable = (budget - sweep.steps_trained()) // max(1, sweep.steps)
+        if affordable < 1:
+            return f"{found.reason}; calibrate.budget_steps={budget} spent"
+        new = new[:affordable]
+        _log(f"klguard calibrate: {found.reason}: adding target_kl {', '.join(f'{t:g}' for t in new)}")
+        sweep.run(new, parallel=parallel, **progress)
 
 
 def run_calibration(config_file: str | None, overrides: Sequence[str], show_progress: bool = True) -> dict:
@@ -38,42 +69,55 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
     base = load_config(config_file, overrides).config
     if not base.algorithm.use_kl_in_reward:
         raise ConfigError("klguard calibrate tunes the KL-in-reward controller: set algorithm.use_kl_in_reward=true")
-    cal, unit = base.calibrate, base.algorithm.kl_ctrl.kl_unit
+    cal, unit, metric = base.calibrate, base.algorithm.kl_ctrl.kl_unit, base.calibrate.metric
+    steps = base.trainer.total_training_steps or 0
+    budget = cal.budget_steps or len(cal.grid) * steps
+    parallel = cal.parallel or default_parallel()
     out = Path(cal.output_dir)
-    prepare_builtin_policy(base, lambda m: print(m, file=sys.stderr))
-    jobs = []
-    for target in cal.grid:
-        run_dir = out / f"target_kl_{target:g}"
-        fresh_run_dir(run_dir)
-        jobs.append(Job(f"target_kl={target:g}", run_dir, (*overrides, *_sweep_overrides(cal, target),
-                                                          "guard.enable=false", "trainer.resume_mode=disable"),
-                        base.trainer.total_training_steps or 0))
-    run_jobs(jobs, parallel=cal.parallel or default_parallel(), config_file=config_file, desc="klguard calibrate",
-             show_progress=show_progress, progress_every=base.trainer.progress_every)
+    prepare_builtin_policy(base, _log)
+    rule = (StopRule(metric, cal.max_hacking_rate, cal.stop_hacking_validations, cal.stop_behind)
+            if cal.early_stop else None)
+    sweep = SweepRuns(out, tuple(overrides), cal, steps, config_file, rule)
+    progress = {"show_progress": show_progress, "progress_every": base.trainer.progress_every}
+    cpu_before = _children_cpu_s()
+    sweep.run(list(cal.grid), parallel=parallel, **progress)
+    if sweep.kept:
+        _log(f"klguard calibrate: kept {len(sweep.kept)} finished run(s) from {out}")
+    bracket = _extend(sweep, cal, metric, unit, budget, parallel, **progress)
 
-    runs = [load_run(j.run_dir, j.label) for j in jobs]
-    metric = cal.metric
-    points = [summarize(r, t, metric, unit) for r, t in zip(runs, cal.grid, strict=True)]
+    records = sweep.records()
+    runs = [run for _, run in records]
+    points = _points(sweep, metric, unit)
     pairs = [(kl, gain, r.label) for r in runs for kl, gain in fit_points(r, metric, unit)]
     fit = fit_gao([(kl, gain) for kl, gain, _ in pairs])
     rec = recommend(points, fit, cal.max_hacking_rate)
     gold = any(p.hacking_rate is not None for p in points)
     command = None
     if rec.target_kl is not None:
-        chosen = _sweep_overrides(cal, rec.target_kl)
+        chosen = sweep_overrides(cal, rec.target_kl)
         kept = [o for o in overrides if not o.lstrip("+").startswith("calibrate.")]  # sweep-only keys
         parts = ["klguard", "train"] + (["--config", config_file] if config_file else []) + [*kept, *chosen]
         command = shlex.join(parts)
     result = {
         "metric": metric, "kl_unit": unit, "gold_labels": gold, "max_hacking_rate": cal.max_hacking_rate,
-        "points": [as_dict(p) for p in points], "fit": as_dict(fit) if fit else None,
+        "points": [as_dict(p) | {"stopped": sweep.stopped.get(p.target_kl)} for p in points],
+        "fit": as_dict(fit) if fit else None,
         "fit_points": [{"kl": kl, "gain": g, "run": label} for kl, g, label in pairs],
-        "recommendation": as_dict(rec), "command": command,
+        "recommendation": as_dict(rec), "command": command, "bracket": bracket,
+        "grid": list(cal.grid), "added_targets": [t for t in sweep.targets if t not in cal.grid],
+        "early_stop": as_dict(rule) if rule else None, "steps_trained": sweep.steps_trained(),
+        "budget_steps": budget, "cpu_s": _children_cpu_s() - cpu_before,
     }
     (out / "calibration.json").write_text(json.dumps(result, indent=1))
     report = _write_report(runs, pairs, fit, rec, points, metric, out)
-    _print(points, fit, rec, command, metric, unit, gold, report)
+    _print(points, sweep.stopped, fit, rec, command, metric, unit, gold, report, bracket)
     return result
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of the finished child processes: the sweep's training runs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _write_report(runs, pairs, fit: Fit | None, rec: Recommendation, points: list[SweepPoint], metric: str,
@@ -98,12 +142,16 @@ def _write_report(runs, pairs, fit: Fit | None, rec: Recommendation, points: lis
                             extra_sections=[("Calibration", body)])
 
 
-def _print(points, fit, rec, command, metric, unit, gold, report) -> None:
-    print(f"\n{'target_kl':>10}{'final':>9}{'best':>9}{'hacking':>9}{'mean KL':>10}{'final KL':>10}{'length':>8}")
+def _print(points, stopped, fit, rec, command, metric, unit, gold, report, bracket) -> None:
+    print(f"\n{'target_kl':>10}{'final':>9}{'best':>9}{'hacking':>9}{'mean KL':>10}{'final KL':>10}{'length':>8}"
+          f"{'steps':>7}")
     for p in points:
         print(f"{p.target_kl:>10g}{fmt(p.final_score):>9}{fmt(p.best_score):>9}{fmt(p.hacking_rate):>9}"
-              f"{fmt(p.mean_kl):>10}{fmt(p.final_kl):>10}{fmt(p.response_length):>8}")
+              f"{fmt(p.mean_kl):>10}{fmt(p.final_kl):>10}{fmt(p.response_length):>8}{p.steps:>7}")
+    for target, reason in sorted(stopped.items()):
+        print(f"stopped early: target_kl={target:g}: {reason}")
     print(f"score: {metric}; KL unit: {unit}")
+    print(f"sweep: {bracket}")
     if not gold:
         print("note: no gold labels (hacking/rate absent): the recommendation uses the validation score named by "
               "calibrate.metric and cannot check hacking")

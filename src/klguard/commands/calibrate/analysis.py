@@ -53,7 +53,7 @@ class Fit:
         return math.exp(2 * (self.a / self.b - 1))
 
 
-def _window_mean(steps: list[int], values: list[float], end: int, width: int = 10) -> float | None:
+def window_mean(steps: list[int], values: list[float], end: int, width: int = 10) -> float | None:
     picked = [v for s, v in zip(steps, values, strict=True) if end - width < s <= end]
     return sum(picked) / len(picked) if picked else None
 
@@ -76,7 +76,7 @@ def fit_points(run: RunRecord, metric: str, kl_unit: str) -> list[tuple[float, f
     start = scores[0]
     out = []
     for step, score in zip(score_steps[1:], scores[1:], strict=True):
-        kl = _window_mean(kl_steps, kl_values, step)
+        kl = window_mean(kl_steps, kl_values, step)
         if kl is not None:
             out.append((max(kl, 0.0), score - start))
     return out

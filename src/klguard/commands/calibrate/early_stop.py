@@ -1,0 +1,112 @@
+"""When a calibration run may stop before its last step, and where the grid goes next.
+
+Both are pure functions of the runs' records (metrics.jsonl read back), so a resumed sweep takes the
+same decisions and the rules are tested on scripted metrics.
+
+Stopping (asynchronous successive halving, ASHA-style, with every validation a rung): a run stops
+once its sampled hacking rate (mean of the 10 steps up to a validation) stays over
+`calibrate.max_hacking_rate` for `calibrate.stop_hacking_validations` validations in a row, or once its
+score at a validation is more than `calibrate.stop_behind` under the best score another run that was not
+hacking had at that same step. Its partial record still enters the fit.
+
+The grid: when every target hacked, the next targets are halvings of the smallest; when none hacked and
+none learned, doublings of the largest; when the clean targets do not learn and the larger ones hack,
+geometric steps between the two, until they are closer than a factor 1.25 (then no target does both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from klguard.commands.calibrate.analysis import HACKING_METRIC, SweepPoint, window_mean
+from klguard.commands.report.runs import RunRecord
+
+MIN_TARGET, MAX_TARGET = 1e-4, 1.0  # the grid never extends past these
+CLOSEST_RATIO = 1.25  # a bracket narrower than this is not split again
+
+
+@dataclass(frozen=True)
+class StopRule:
+    metric: str
+    max_hacking_rate: float
+    hacking_validations: int
+    behind: float
+
+
+def hacking_at(run: RunRecord, step: int) -> float | None:
+    """The run's sampled hacking rate over the 10 steps up to `step` (None without gold labels)."""
+    return window_mean(*run.series(HACKING_METRIC), step)
+
+
+def _scores(run: RunRecord, metric: str) -> dict[int, float]:
+    return dict(zip(*run.series(metric), strict=True))
+
+
+def stop_reason(run: RunRecord, others: Sequence[RunRecord], rule: StopRule) -> str | None:
+    """Why `run` should stop now, or None; `others` are the sweep's other runs as far as they got."""
+    scores = _scores(run, rule.metric)
+    streak = 0
+    for step in sorted(s for s in scores if s > 0):
+        rate = hacking_at(run, step)
+        streak = streak + 1 if rate is not None and rate > rule.max_hacking_rate else 0
+        if streak >= rule.hacking_validations:
+            return (f"hacking rate over {rule.max_hacking_rate:g} at {streak} validations in a row "
+                    f"(step {step}: {rate:.2f})")
+        clean = [_scores(o, rule.metric).get(step) for o in others
+                 if (hacking_at(o, step) or 0.0) <= rule.max_hacking_rate]
+        clean = [s for s in clean if s is not None]
+        if clean and max(clean) - scores[step] > rule.behind:
+            return (f"score {scores[step]:.3f} at step {step} is {max(clean) - scores[step]:.2f} under the best "
+                    f"clean run's {max(clean):.3f}")
+    return None
+
+
+@dataclass(frozen=True)
+class GridStep:
+    targets: tuple[float, ...]  # the next targets to try; empty when the sweep is done
+    reason: str  # why those targets, or what the sweep found
+
+
+def _fmt_point(p: SweepPoint, start: float | None) -> str:
+    gain = "" if p.final_score is None or start is None else f", gain {p.final_score - start:+.3f}"
+    hacking = "" if p.hacking_rate is None else f", hacking {p.hacking_rate:.2f}"
+    return f"{p.target_kl:g} ({gain[2:]}{hacking})" if gain or hacking else f"{p.target_kl:g}"
+
+
+def next_targets(points: Sequence[SweepPoint], start: float | None, max_hacking_rate: float, min_gain: float,
+                 count: int = 1) -> GridStep:
+    """Where to extend the grid (`count` new targets) or why not, from the points so far and the step-0 score."""
+    hacked = sorted((p for p in points if p.hacking_rate is not None and p.hacking_rate > max_hacking_rate),
+                    key=lambda p: p.target_kl)
+    clean = sorted((p for p in points if p not in hacked and p.final_score is not None), key=lambda p: p.target_kl)
+    good = [p for p in clean if start is None or p.final_score - start > min_gain]
+    if good:
+        above = [p for p in hacked if p.target_kl > good[-1].target_kl]
+        upper = f"; {_fmt_point(above[0], start)} hacks" if above else ""
+        return GridStep((), f"bracket: {_fmt_point(good[-1], start)} learns without hacking{upper}")
+    if not clean and not hacked:
+        return GridStep((), "no run reached a validation")
+    if not clean:
+        lowest = hacked[0].target_kl
+        return _bounded([lowest / 2 ** k for k in range(1, count + 1)], f"every target_kl hacked down to {lowest:g}")
+    if not hacked:
+        highest = clean[-1].target_kl
+        return _bounded([highest * 2 ** k for k in range(1, count + 1)],
+                        f"no target_kl up to {highest:g} learned (gain <= {min_gain:g}) and none hacked")
+    below = [p for p in clean if p.target_kl < hacked[0].target_kl]
+    if not below:  # the clean runs lie above the hacking ones: no bracket to split
+        return GridStep((), "no target learns without hacking: " + "; ".join(_fmt_point(p, start) for p in points))
+    lo, hi = below[-1], hacked[0]
+    found = f"{_fmt_point(lo, start)} does not learn, {_fmt_point(hi, start)} hacks"
+    if hi.target_kl / lo.target_kl < CLOSEST_RATIO:
+        return GridStep((), f"no target learns without hacking: {found}")
+    ratio = hi.target_kl / lo.target_kl
+    return _bounded([lo.target_kl * ratio ** (k / (count + 1)) for k in range(1, count + 1)], found)
+
+
+def _bounded(targets: list[float], why: str) -> GridStep:
+    kept = tuple(t for t in (float(f"{t:.3g}") for t in targets) if MIN_TARGET <= t <= MAX_TARGET)
+    if not kept:
+        return GridStep((), f"{why}; the grid stops at [{MIN_TARGET:g}, {MAX_TARGET:g}]")
+    return GridStep(kept, why)
