@@ -90,7 +90,8 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
     points = _points(sweep, metric, unit)
     pairs = [(kl, gain, r.label) for r in runs for kl, gain in fit_points(r, metric, unit)]
     fit = fit_gao([(kl, gain) for kl, gain, _ in pairs])
-    rec = recommend(points, fit, cal.max_hacking_rate)
+    finished = [p for p in points if p.target_kl not in sweep.stopped]  # a stopped run's score is not its end's
+    rec = recommend(finished, fit, cal.max_hacking_rate)
     gold = any(p.hacking_rate is not None for p in points)
     command = None
     if rec.target_kl is not None:
