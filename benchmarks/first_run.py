@@ -2,11 +2,11 @@
 
 1. A fresh HOME and an empty cache, then `klguard demo` (wall and CPU seconds, its log's size, the two runs'
    figures beside the ranges README gives for the shipped policy).
-2. For each seed: `klguard calibrate` as it was (every grid value to the end, no grid extension: the anchor)
-   and with the defaults (early stopping, grid extension), each on its own output folder. Reported: CPU seconds
-   of the training runs, the recommended target_kl, the fit's peak, the final gold of the recommended run, and
-   the ratio early / full. The target: the same recommendation, or one whose trained gold is within 0.01 of the
-   full sweep's, at <= 1/3 of its CPU time.
+2. For each seed: `klguard calibrate` with the defaults (early stopping, grid extension), then the anchor: every
+   target that sweep trained (the grid and the targets it added), each to the end, no early stopping. Reported:
+   CPU seconds of each, the recommended target_kl, the fit's peak, the final gold of the recommended run, the
+   ratio early / full, and what the default grid alone would have recommended without extension. The target: the
+   same recommendation, or one whose trained gold is within 0.01 of the full sweep's, at <= 1/3 of its CPU time.
 
 Writes benchmarks/results/first_run.json.
 
@@ -70,9 +70,12 @@ def demo(work: Path, extra: list[str]) -> dict:
     return result | {"runs": runs}
 
 
-def calibrate(work: Path, seed: int, early: bool, extra: list[str]) -> dict:
-    out = work / f"calibrate_seed{seed}_{'early' if early else 'full'}"
-    flags = [] if early else ["calibrate.early_stop=false", "calibrate.extend_grid=false"]
+def calibrate(work: Path, seed: int, grid: list[float] | None, extra: list[str]) -> dict:
+    """The defaults (grid None), or every target of `grid` trained to the end."""
+    out = work / f"calibrate_seed{seed}_{'early' if grid is None else 'full'}"
+    flags = [] if grid is None else ["calibrate.early_stop=false", "calibrate.extend_grid=false",
+                                     f"calibrate.grid=[{','.join(f'{t:g}' for t in grid)}]",
+                                     f"calibrate.budget_steps={10**9}"]
     cmd = [sys.executable, "-m", "klguard", "calibrate", f"trainer.seed={seed}", f"calibrate.output_dir={out}",
            f"trainer.default_local_dir={out / 'unused'}", *flags, *extra]
     result = timed(cmd, {**os.environ}, out.with_suffix(".log"))
@@ -82,11 +85,25 @@ def calibrate(work: Path, seed: int, early: bool, extra: list[str]) -> dict:
     if target is not None:
         gold = load_run(out / f"target_kl_{target:g}").last(GOLD)
     return result | {
-        "recommended_target_kl": target, "recommended_final_gold": gold, "basis": cal["recommendation"]["basis"],
+        "output_dir": str(out), "recommended_target_kl": target, "recommended_final_gold": gold,
+        "basis": cal["recommendation"]["basis"],
         "fit_peak_kl": _peak(cal["fit"]), "fit_r2": cal["fit"]["r2"] if cal["fit"] else None,
         "steps_trained": cal["steps_trained"], "runs_cpu_s": round(cal["cpu_s"], 1), "bracket": cal["bracket"],
         "points": cal["points"], "added_targets": cal["added_targets"],
     }
+
+
+def grid_alone(full: dict, grid: list[float], metric: str = GOLD, unit: str = "token_mean") -> dict:
+    """What the full sweep's runs on the default grid alone recommend (klguard calibrate before extension)."""
+    from klguard.commands.calibrate.analysis import fit_gao, fit_points, recommend, summarize
+
+    runs = {t: load_run(Path(full["output_dir"]) / f"target_kl_{t:g}") for t in grid}
+    points = [summarize(run, t, metric, unit) for t, run in runs.items()]
+    fit = fit_gao([pt for run in runs.values() for pt in fit_points(run, metric, unit)])
+    rec = recommend(points, fit, max_hacking_rate=0.1)
+    return {"recommended_target_kl": rec.target_kl, "basis": rec.basis,
+            "hacking": {f"{p.target_kl:g}": p.hacking_rate for p in points},
+            "final_gold": {f"{p.target_kl:g}": p.final_score for p in points}}
 
 
 def _peak(fit: dict | None) -> float | None:
@@ -124,13 +141,18 @@ def main() -> int:
             print(f"  {label}: {json.dumps(figures)}", flush=True)
     results["calibrate"] = {}
     for seed in args.seeds:
-        full, early = calibrate(work, seed, False, args.set), calibrate(work, seed, True, args.set)
-        results["calibrate"][str(seed)] = {"full": full, "early_stop": early, "comparison": compare(full, early)}
+        early = calibrate(work, seed, None, args.set)
+        grid = sorted({p["target_kl"] for p in early["points"]})
+        full = calibrate(work, seed, grid, args.set)
+        default_grid = [t for t in grid if t not in early["added_targets"]]
+        results["calibrate"][str(seed)] = {"early_stop": early, "full": full, "comparison": compare(full, early),
+                                           "default_grid_alone": grid_alone(full, default_grid)}
         for name, run in (("full", full), ("early", early)):
             print(f"seed {seed} {name:>5}: cpu {run['cpu_s']:.0f} s, wall {run['wall_s']:.0f} s, steps "
                   f"{run['steps_trained']}, target {run['recommended_target_kl']}, gold {run['recommended_final_gold']}"
                   f", fit peak {run['fit_peak_kl']}, {run['bracket']}", flush=True)
-        print(f"seed {seed}: {json.dumps(results['calibrate'][str(seed)]['comparison'])}", flush=True)
+        print(f"seed {seed}: {json.dumps(results['calibrate'][str(seed)]['comparison'])}; default grid alone: "
+              f"{results['calibrate'][str(seed)]['default_grid_alone']['basis']}", flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {RESULTS}")

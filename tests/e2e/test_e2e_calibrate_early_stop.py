@@ -36,6 +36,12 @@ def test_a_hacking_run_stops_at_its_rung_and_a_rerun_keeps_it(tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in out.glob("target_kl_*/metrics.jsonl")} == before
     assert json.loads((out / "calibration.json").read_text())["points"] == result["points"]
 
+    # early stopping turned off: the stopped runs resume from their checkpoints and train to the end
+    assert _calibrate(out, *args, "calibrate.early_stop=false") == 0
+    points = json.loads((out / "calibration.json").read_text())["points"]
+    assert [(p["steps"], p["stopped"]) for p in points] == [(30, None), (30, None)]
+    assert all("klguard: resumed from" in log.read_text() for log in out.glob("target_kl_*.log"))
+
 
 def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_if_never_killed(fast_overrides, tmp_path, capsys):
     out = tmp_path / "cal"
@@ -63,7 +69,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_if_never_killed(fa
     assert json.loads((run / "calibrate_status.json").read_text())["state"] == "finished"
 
 
-def test_changed_arguments_start_the_runs_afresh(fast_overrides, tmp_path, capsys):
+def test_changed_arguments_start_the_runs_afresh_and_a_longer_grid_trains_only_the_new_target(
+        fast_overrides, tmp_path, capsys):
     out = tmp_path / "cal"
     base = (*fast_overrides, "trainer.test_freq=2", "calibrate.early_stop=false", "calibrate.extend_grid=false",
             "calibrate.max_hacking_rate=1.0")
@@ -72,3 +79,8 @@ def test_changed_arguments_start_the_runs_afresh(fast_overrides, tmp_path, capsy
     assert "kept" not in capsys.readouterr().err
     points = json.loads((out / "calibration.json").read_text())["points"]
     assert [p["steps"] for p in points] == [4, 4]
+
+    assert _calibrate(out, *base, "trainer.total_training_steps=4", "calibrate.grid=[0.01,0.05,0.1]") == 0
+    assert "kept 2 finished run(s)" in capsys.readouterr().err
+    points = json.loads((out / "calibration.json").read_text())["points"]
+    assert [(p["target_kl"], p["steps"]) for p in points] == [(0.01, 4), (0.05, 4), (0.1, 4)]

@@ -77,7 +77,8 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
     prepare_builtin_policy(base, _log)
     rule = (StopRule(metric, cal.max_hacking_rate, cal.stop_hacking_validations, cal.stop_behind)
             if cal.early_stop else None)
-    sweep = SweepRuns(out, tuple(overrides), cal, steps, config_file, rule)
+    run_overrides = tuple(o for o in overrides if not o.lstrip("+").startswith("calibrate."))  # sweep-only keys
+    sweep = SweepRuns(out, run_overrides, cal, steps, config_file, rule)
     progress = {"show_progress": show_progress, "progress_every": base.trainer.progress_every}
     cpu_before = _children_cpu_s()
     sweep.run(list(cal.grid), parallel=parallel, **progress)
@@ -96,8 +97,7 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
     command = None
     if rec.target_kl is not None:
         chosen = sweep_overrides(cal, rec.target_kl)
-        kept = [o for o in overrides if not o.lstrip("+").startswith("calibrate.")]  # sweep-only keys
-        parts = ["klguard", "train"] + (["--config", config_file] if config_file else []) + [*kept, *chosen]
+        parts = ["klguard", "train"] + (["--config", config_file] if config_file else []) + [*run_overrides, *chosen]
         command = shlex.join(parts)
     result = {
         "metric": metric, "kl_unit": unit, "gold_labels": gold, "max_hacking_rate": cal.max_hacking_rate,

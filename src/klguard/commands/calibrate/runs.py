@@ -1,9 +1,10 @@
 """The calibration sweep's runs on disk, one run directory per target_kl under calibrate.output_dir.
 
 Beside each run's metrics a status file records the overrides it was started with and how it ended
-(finished, or stopped early and why). A rerun with the same arguments keeps finished and stopped runs,
-resumes a killed one from its last checkpoint (klguard train's resume is bit for bit), and starts
-afresh any run whose overrides changed.
+(finished, or stopped early and why). A rerun keeps finished runs (and stopped ones, while early stopping
+is on), resumes a killed one from its last checkpoint (klguard train's resume is bit for bit; a stopped
+one too, when early stopping was turned off), and starts afresh any run whose overrides changed. The
+`calibrate.*` keys are the sweep's, not a run's: a rerun with a longer grid trains only the new targets.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _write_status(run_dir: Path, overrides: Sequence[str], state: str, reason: s
 @dataclass
 class SweepRuns:
     out: Path
-    overrides: tuple[str, ...]  # the user's, shared by every run
+    overrides: tuple[str, ...]  # the user's but calibrate.*, shared by every run
     cal: CalibrateConfig
     steps: int
     config_file: str | None
@@ -67,10 +68,11 @@ class SweepRuns:
                     "trainer.resume_mode=auto"), self.steps)
 
     def _prepare(self, job: Job) -> bool:
-        """True when the job must run; keeps a finished run, resumes a killed one, clears any other."""
+        """True when the job must run; keeps a finished run (and a stopped one while early stopping is on),
+        resumes a killed one (and a stopped one when it is off), clears any other."""
         status = _read_status(job.run_dir)
         same = status is not None and status["overrides"] == list(job.overrides)
-        if same and status["state"] in ("finished", "stopped"):
+        if same and (status["state"] == "finished" or (status["state"] == "stopped" and self.rule is not None)):
             if status.get("reason"):
                 self.stopped[self._target[job.label]] = status["reason"]
             self.kept.append(self._target[job.label])
