@@ -94,3 +94,9 @@ def test_no_extension_says_why_no_target_exists(points):
     found = next_targets(points, 0.74, 0.1, 0.01, count=2)
     assert found.targets == ()
     assert "no target learns without hacking" in found.reason or "the grid stops at" in found.reason
+
+
+def test_a_run_stopped_early_is_not_the_one_that_learns():
+    points = [_point(0.001, 0.74, 0.0), _point(0.002, 0.80, 0.0), _point(0.004, 0.2, 0.8)]
+    found = next_targets(points, 0.74, 0.1, 0.01, count=1, stopped={0.002})
+    assert found.targets == (0.00283,)  # between 0.002 (stopped, so not learning) and 0.004 (hacks)

@@ -52,7 +52,7 @@ def _extend(sweep: SweepRuns, cal, metric: str, unit: str, budget: int, parallel
     returns what the sweep found (the bracket, or why there is none)."""
     while True:
         found = next_targets(_points(sweep, metric, unit), _start_score(sweep, metric), cal.max_hacking_rate,
-                             cal.min_gain, count=parallel)
+                             cal.min_gain, count=parallel, stopped=sweep.stopped)
         new = [t for t in found.targets if t not in sweep.targets]
         if not cal.extend_grid or not new:
             return found.reason

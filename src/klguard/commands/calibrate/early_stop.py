@@ -16,7 +16,7 @@ geometric steps between the two, until they are closer than a factor 1.25 (then 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from klguard.commands.calibrate.analysis import HACKING_METRIC, SweepPoint, window_mean
@@ -75,12 +75,13 @@ def _fmt_point(p: SweepPoint, start: float | None) -> str:
 
 
 def next_targets(points: Sequence[SweepPoint], start: float | None, max_hacking_rate: float, min_gain: float,
-                 count: int = 1) -> GridStep:
-    """Where to extend the grid (`count` new targets) or why not, from the points so far and the step-0 score."""
+                 count: int = 1, stopped: Collection[float] = ()) -> GridStep:
+    """Where to extend the grid (`count` new targets) or why not, from the points so far and the step-0 score;
+    a run in `stopped` (early) never counts as one that learns."""
     hacked = sorted((p for p in points if p.hacking_rate is not None and p.hacking_rate > max_hacking_rate),
                     key=lambda p: p.target_kl)
     clean = sorted((p for p in points if p not in hacked and p.final_score is not None), key=lambda p: p.target_kl)
-    good = [p for p in clean if start is None or p.final_score - start > min_gain]
+    good = [p for p in clean if p.target_kl not in stopped and (start is None or p.final_score - start > min_gain)]
     if good:
         above = [p for p in hacked if p.target_kl > good[-1].target_kl]
         upper = f"; {_fmt_point(above[0], start)} hacks" if above else ""
