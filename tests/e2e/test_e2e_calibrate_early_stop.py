@@ -17,7 +17,7 @@ def test_a_hacking_run_stops_at_its_rung_and_a_rerun_keeps_it(tmp_path, capsys):
     # the shipped policy hacks on about 5% of its samples from the start: with a limit of 0 both runs hack at once
     out = tmp_path / "cal"
     args = ("trainer.total_training_steps=30", "trainer.test_freq=2", "calibrate.max_hacking_rate=0.0",
-            "calibrate.stop_hacking_validations=1", "calibrate.extend_grid=false",
+            "calibrate.stop_hacking_rate=0.0", "calibrate.stop_hacking_validations=1", "calibrate.extend_grid=false",
             f"trainer.default_local_dir={tmp_path / 'unused'}")
     assert _calibrate(out, *args) == 0
     result = json.loads((out / "calibration.json").read_text())

@@ -30,7 +30,7 @@ def test_calibrate_sweeps_the_grid_and_recommends_a_target(fast_overrides, tmp_p
     out = tmp_path / "cal"
     code = main(["calibrate", *fast_overrides, "calibrate.grid=[0.01,0.05]", f"calibrate.output_dir={out}",
                  "trainer.total_training_steps=4", "trainer.test_freq=1", "trainer.save_freq=-1",
-                 "calibrate.max_hacking_rate=1.0"])
+                 "calibrate.max_hacking_rate=1.0", "calibrate.extend_grid=false"])
     assert code == 0
     result = json.loads((out / "calibration.json").read_text())
     assert [p["target_kl"] for p in result["points"]] == [0.01, 0.05]

@@ -310,8 +310,12 @@ class CalibrateConfig:
     early_stop: bool = opt(
         True, "Stop a sweep run once it hacks or falls behind the others (successive halving at every validation)"
     )
+    stop_hacking_rate: float = opt(
+        0.3, "Early stop: a run whose sampled hacking rate (10-step mean) stays over this; above max_hacking_rate, "
+        "since every run hacks a little before its controller acts", rule=interval("[0, 1]")
+    )
     stop_hacking_validations: int = opt(
-        3, "Early stop: validations in a row with the sampled hacking rate over max_hacking_rate", rule=_SIZE
+        3, "Early stop: validations in a row with the sampled hacking rate over stop_hacking_rate", rule=_SIZE
     )
     stop_behind: float = opt(
         0.2, "Early stop: a run whose score is this far under the best non-hacking run's at the same step",
@@ -325,7 +329,7 @@ class CalibrateConfig:
         0.01, "A run learns when its final score beats the step-0 score by more than this", rule=at_least(0.0)
     )
     budget_steps: int | None = opt(
-        None, "Most PPO steps the whole sweep trains, grid extension included (null = len(grid) x total steps)",
+        None, "Most PPO steps the whole sweep trains, grid extension included (null = 2 x len(grid) x total steps)",
         rule=at_least(1, or_null=True),
     )
 

@@ -11,7 +11,7 @@ from klguard.commands.calibrate.early_stop import MIN_TARGET, StopRule, next_tar
 from klguard.commands.report.runs import RunRecord
 
 GOLD = "val-core/klguard/arith/acc/mean@1"
-RULE = StopRule("val-core/", max_hacking_rate=0.1, hacking_validations=3, behind=0.2)
+RULE = StopRule("val-core/", hacking_rate=0.3, hacking_validations=3, behind=0.2, max_hacking_rate=0.1)
 
 
 def _run(hacking: list[float], gold: dict[int, float], label: str = "run") -> RunRecord:
@@ -27,9 +27,14 @@ def _gold(*values: float) -> dict[int, float]:
 
 
 def test_a_run_stops_at_its_third_validation_in_a_row_over_the_hacking_limit():
-    hacking = [0.0] * 20 + [0.5] * 40  # the 10-step means at steps 30, 40, 50 are all over 0.1
+    hacking = [0.0] * 20 + [0.5] * 40  # the 10-step means at steps 30, 40, 50 are all over 0.3
     reason = stop_reason(_run(hacking, _gold(0.7, 0.8, 0.8, 0.6, 0.4, 0.3, 0.2)), [], RULE)
-    assert reason is not None and reason.startswith("hacking rate over 0.1 at 3 validations in a row (step 50: 0.50)")
+    assert reason is not None and reason.startswith("hacking rate over 0.3 at 3 validations in a row (step 50: 0.50)")
+
+
+def test_hacking_between_the_limit_and_the_stopping_rate_does_not_stop_a_run():
+    hacking = [0.0] * 20 + [0.25] * 60  # over max_hacking_rate, under stop_hacking_rate: the controller may win
+    assert stop_reason(_run(hacking, _gold(0.7, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8)), [], RULE) is None
 
 
 def test_two_validations_over_the_limit_then_one_under_do_not_stop_it():
@@ -54,7 +59,7 @@ def test_a_hacking_run_is_no_yardstick():
 def test_without_gold_labels_only_the_score_rule_applies():
     rows = [{"step": s, "val-core/rm/score": 0.1 * s} for s in (0, 10, 20)]
     run = RunRecord("rm", Path("rm"), rows)
-    assert stop_reason(run, [], StopRule("val-core/rm/score", 0.1, 3, 0.2)) is None
+    assert stop_reason(run, [], StopRule("val-core/rm/score", 0.3, 3, 0.2, 0.1)) is None
 
 
 def _point(target: float, final: float | None, hacking: float | None) -> SweepPoint:

@@ -54,8 +54,10 @@ def _extend(sweep: SweepRuns, cal, metric: str, unit: str, budget: int, parallel
         found = next_targets(_points(sweep, metric, unit), _start_score(sweep, metric), cal.max_hacking_rate,
                              cal.min_gain, count=parallel, stopped=sweep.stopped)
         new = [t for t in found.targets if t not in sweep.targets]
-        if not cal.extend_grid or not new:
+        if not new:
             return found.reason
+        if not cal.extend_grid:
+            return f"{found.reason}; calibrate.extend_grid=false: try target_kl {', '.join(f'{t:g}' for t in new)}"
         affordable = (budget - sweep.steps_trained()) // max(1, sweep.steps)
         if affordable < 1:
             return f"{found.reason}; calibrate.budget_steps={budget} spent"
@@ -71,12 +73,12 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
         raise ConfigError("klguard calibrate tunes the KL-in-reward controller: set algorithm.use_kl_in_reward=true")
     cal, unit, metric = base.calibrate, base.algorithm.kl_ctrl.kl_unit, base.calibrate.metric
     steps = base.trainer.total_training_steps or 0
-    budget = cal.budget_steps or len(cal.grid) * steps
+    budget = cal.budget_steps or 2 * len(cal.grid) * steps  # the extension may cost what the grid would
     parallel = cal.parallel or default_parallel()
     out = Path(cal.output_dir)
     prepare_builtin_policy(base, _log)
-    rule = (StopRule(metric, cal.max_hacking_rate, cal.stop_hacking_validations, cal.stop_behind)
-            if cal.early_stop else None)
+    rule = (StopRule(metric, cal.stop_hacking_rate, cal.stop_hacking_validations, cal.stop_behind,
+                     cal.max_hacking_rate) if cal.early_stop else None)
     run_overrides = tuple(o for o in overrides if not o.lstrip("+").startswith("calibrate."))  # sweep-only keys
     sweep = SweepRuns(out, run_overrides, cal, steps, config_file, rule)
     progress = {"show_progress": show_progress, "progress_every": base.trainer.progress_every}

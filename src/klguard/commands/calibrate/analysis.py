@@ -113,7 +113,7 @@ def recommend(points: Sequence[SweepPoint], fit: Fit | None, max_hacking_rate: f
     feasible = [p for p in points if p.final_score is not None
                 and (p.hacking_rate is None or p.hacking_rate <= max_hacking_rate)]
     if not feasible:
-        return Recommendation(None, f"every target_kl hacked above {max_hacking_rate:g}: lower calibrate.grid", [])
+        return Recommendation(None, f"every target_kl that finished hacked above {max_hacking_rate:g}", [])
     targets = [p.target_kl for p in feasible]
     if fit is not None and fit.r2 >= MIN_R2 and fit.peak_kl is not None:
         best = max(feasible, key=lambda p: fit.predict(p.target_kl))

@@ -5,9 +5,12 @@ same decisions and the rules are tested on scripted metrics.
 
 Stopping (asynchronous successive halving, ASHA-style, with every validation a rung): a run stops
 once its sampled hacking rate (mean of the 10 steps up to a validation) stays over
-`calibrate.max_hacking_rate` for `calibrate.stop_hacking_validations` validations in a row, or once its
+`calibrate.stop_hacking_rate` for `calibrate.stop_hacking_validations` validations in a row, or once its
 score at a validation is more than `calibrate.stop_behind` under the best score another run that was not
-hacking had at that same step. Its partial record still enters the fit.
+hacking (at most `calibrate.max_hacking_rate`) had at that same step. Its partial record still enters the
+fit. The stopping threshold sits above max_hacking_rate: on the built-in task every target hacks 10-25%
+of its samples around step 50, before the controller has raised beta, and the small targets come back
+under 0.1 by the end; a run that stayed over 0.3 for three validations did not.
 
 The grid: when every target hacked, the next targets are halvings of the smallest; when none hacked and
 none learned, doublings of the largest; when the clean targets do not learn and the larger ones hack,
@@ -29,9 +32,10 @@ CLOSEST_RATIO = 1.25  # a bracket narrower than this is not split again
 @dataclass(frozen=True)
 class StopRule:
     metric: str
-    max_hacking_rate: float
-    hacking_validations: int
+    hacking_rate: float  # stop once the sampled hacking rate stays over this ...
+    hacking_validations: int  # ... at this many validations in a row
     behind: float
+    max_hacking_rate: float  # a run over this is no yardstick for the behind rule
 
 
 def hacking_at(run: RunRecord, step: int) -> float | None:
@@ -49,9 +53,9 @@ def stop_reason(run: RunRecord, others: Sequence[RunRecord], rule: StopRule) -> 
     streak = 0
     for step in sorted(s for s in scores if s > 0):
         rate = hacking_at(run, step)
-        streak = streak + 1 if rate is not None and rate > rule.max_hacking_rate else 0
+        streak = streak + 1 if rate is not None and rate > rule.hacking_rate else 0
         if streak >= rule.hacking_validations:
-            return (f"hacking rate over {rule.max_hacking_rate:g} at {streak} validations in a row "
+            return (f"hacking rate over {rule.hacking_rate:g} at {streak} validations in a row "
                     f"(step {step}: {rate:.2f})")
         clean = [_scores(o, rule.metric).get(step) for o in others
                  if (hacking_at(o, step) or 0.0) <= rule.max_hacking_rate]
