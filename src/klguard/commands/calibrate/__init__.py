@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import resource
 import shlex
@@ -112,7 +113,7 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
         "budget_steps": budget, "cpu_s": _children_cpu_s() - cpu_before,
     }
     (out / "calibration.json").write_text(json.dumps(result, indent=1))
-    report = _write_report(runs, pairs, fit, rec, points, metric, out)
+    report = _write_report(runs, pairs, fit, rec, points, metric, out, sweep.stopped, bracket)
     _print(points, sweep.stopped, fit, rec, command, metric, unit, gold, report, bracket)
     return result
 
@@ -124,7 +125,7 @@ def _children_cpu_s() -> float:
 
 
 def _write_report(runs, pairs, fit: Fit | None, rec: Recommendation, points: list[SweepPoint], metric: str,
-                  out: Path) -> Path:
+                  out: Path, stopped: dict[float, str], bracket: str) -> Path:
     from klguard.commands.report.figures import calibration_figure
     from klguard.commands.report.html import image
 
@@ -133,13 +134,15 @@ def _write_report(runs, pairs, fit: Fit | None, rec: Recommendation, points: lis
                              f"{metric} gain over step 0")
     rows = "".join(f"<tr><td>{p.target_kl:g}</td><td>{fmt(p.final_score)}</td><td>{fmt(p.best_score)}</td>"
                    f"<td>{fmt(p.hacking_rate)}</td><td>{fmt(p.mean_kl)}</td><td>{fmt(p.final_kl)}</td>"
-                   f"<td>{fmt(p.response_length)}</td></tr>" for p in points)
+                   f"<td>{fmt(p.response_length)}</td><td>{p.steps}</td>"
+                   f"<td>{html.escape(stopped.get(p.target_kl, ''))}</td></tr>" for p in points)
     table = ("<table><tr><th>target_kl</th><th>final score</th><th>best score</th><th>hacking rate</th>"
-             f"<th>mean KL</th><th>final KL</th><th>length</th></tr>{rows}</table>")
+             f"<th>mean KL</th><th>final KL</th><th>length</th><th>steps</th><th>stopped early</th></tr>{rows}</table>")
     fit_text = ("no fit (fewer than 3 points)" if fit is None else
                 f"R(d) = d ({fit.a:.4g} - {fit.b:.4g} ln d), R^2 = {fit.r2:.3f} over {fit.n} points")
     body = (f"{table}<p>Fit: {fit_text}.</p><p><b>Recommended target_kl: "
             f"{'none' if rec.target_kl is None else f'{rec.target_kl:g}'}</b> &mdash; {rec.basis}.</p>"
+            f"<p>Sweep: {html.escape(bracket)}.</p>"
             f"{image(png, 'score vs sqrt(KL)')}")
     return write_run_report(runs, out / "report.html", title="klguard calibrate: target_kl sweep",
                             extra_sections=[("Calibration", body)])
