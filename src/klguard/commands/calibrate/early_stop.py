@@ -43,25 +43,27 @@ def hacking_at(run: RunRecord, step: int) -> float | None:
     return window_mean(*run.series(HACKING_METRIC), step)
 
 
-def _scores(run: RunRecord, metric: str) -> dict[int, float]:
-    return dict(zip(*run.series(metric), strict=True))
+def _rungs(run: RunRecord, metric: str) -> dict[int, tuple[float, float | None]]:
+    """The run's score and sampled hacking rate at each of its validation steps."""
+    hacking_steps, hacking = run.series(HACKING_METRIC)
+    return {step: (score, window_mean(hacking_steps, hacking, step)) for step, score in zip(*run.series(metric),
+                                                                                            strict=True)}
 
 
 def stop_reason(run: RunRecord, others: Sequence[RunRecord], rule: StopRule) -> str | None:
     """Why `run` should stop now, or None; `others` are the sweep's other runs as far as they got."""
-    scores = _scores(run, rule.metric)
+    own = _rungs(run, rule.metric)
+    theirs = [_rungs(o, rule.metric) for o in others]
     streak = 0
-    for step in sorted(s for s in scores if s > 0):
-        rate = hacking_at(run, step)
+    for step in sorted(s for s in own if s > 0):
+        score, rate = own[step]
         streak = streak + 1 if rate is not None and rate > rule.hacking_rate else 0
         if streak >= rule.hacking_validations:
             return (f"hacking rate over {rule.hacking_rate:g} at {streak} validations in a row "
                     f"(step {step}: {rate:.2f})")
-        clean = [_scores(o, rule.metric).get(step) for o in others
-                 if (hacking_at(o, step) or 0.0) <= rule.max_hacking_rate]
-        clean = [s for s in clean if s is not None]
-        if clean and max(clean) - scores[step] > rule.behind:
-            return (f"score {scores[step]:.3f} at step {step} is {max(clean) - scores[step]:.2f} under the best "
+        clean = [t[step][0] for t in theirs if step in t and (t[step][1] or 0.0) <= rule.max_hacking_rate]
+        if clean and max(clean) - score > rule.behind:
+            return (f"score {score:.3f} at step {step} is {max(clean) - score:.2f} under the best "
                     f"clean run's {max(clean):.3f}")
     return None
 

@@ -59,6 +59,7 @@ class SweepRuns:
     kept: list[float] = field(default_factory=list)  # runs a previous invocation finished
     _cache: dict[Path, tuple[int, RunRecord]] = field(default_factory=dict)
     _target: dict[str, float] = field(default_factory=dict)  # job label -> its target_kl
+    _checked: dict[float, int] = field(default_factory=dict)  # target -> rows its last stop check saw
 
     def job(self, target: float) -> Job:
         label = f"target_kl={target:g}"
@@ -100,18 +101,18 @@ class SweepRuns:
 
     def record(self, target: float) -> RunRecord | None:
         """The run's metrics as far as they are written (re-read only when the file grew)."""
-        run_dir = self.job(target).run_dir
+        job = self.job(target)
         try:
-            size = (run_dir / "metrics.jsonl").stat().st_size
+            size = (job.run_dir / "metrics.jsonl").stat().st_size
         except OSError:
             return None
-        cached = self._cache.get(run_dir)
+        cached = self._cache.get(job.run_dir)
         if cached is None or cached[0] != size:
             try:
-                cached = (size, load_run(run_dir, self.job(target).label))
+                cached = (size, load_run(job.run_dir, job.label))
             except UserError:  # a line half written: read it next time
                 return cached[1] if cached else None
-            self._cache[run_dir] = cached
+            self._cache[job.run_dir] = cached
         return cached[1]
 
     def records(self) -> list[tuple[float, RunRecord]]:
@@ -123,7 +124,9 @@ class SweepRuns:
     def _stop_check(self, job: Job) -> str | None:
         target = self._target[job.label]
         run = self.record(target)
-        if run is None:
+        # checked again once the run logs a new step (others' new rows then count, at most a step late)
+        if run is None or self._checked.get(target) == len(run.rows):
             return None
+        self._checked[target] = len(run.rows)
         others = [r for t, r in self.records() if t != target]
         return stop_reason(run, others, self.rule)
