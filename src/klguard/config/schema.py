@@ -341,6 +341,20 @@ class CalibrateConfig:
             positive.check(f"{key}.grid", value)
 
 
+# ----------------------------------------------------------------------------- the TRL callback
+TRLGoldSource = Literal["train", "eval"]
+
+
+@dataclass
+class TRLConfig:
+    gold_reward: str | None = opt(
+        None, "KLGuardCallback: a reward function of the GRPOTrainer (weight 0) whose mean is the gold score"
+    )
+    gold_source: TRLGoldSource = opt("train", "Gold the guard sees: " + choices(
+        TRLGoldSource, train="the mean over gold_window training steps", eval="eval_rewards/<gold>/mean"))
+    gold_window: int = opt(10, "gold_source=train: training steps averaged into one validation score", rule=_SIZE)
+
+
 @dataclass
 class Config:
     data: DataConfig = section(DataConfig, "Datasets")
@@ -355,3 +369,4 @@ class Config:
     guard: GuardConfig = section(GuardConfig, "The KL guard: rules that watch the run and act (ours)")
     sft: SFTConfig = section(SFTConfig, "Supervised warm start of the built-in policy (ours)")
     calibrate: CalibrateConfig = section(CalibrateConfig, "`klguard calibrate`: the target_kl sweep (ours)")
+    trl: TRLConfig = section(TRLConfig, "klguard.integrations.trl.KLGuardCallback in TRL's GRPOTrainer (ours)")

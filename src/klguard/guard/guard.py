@@ -77,6 +77,16 @@ class KLGuard:
     def rollbacks(self) -> int:
         return self._st.rollbacks
 
+    @property
+    def grad_clip(self) -> float | None:
+        """The gradient clip the guard set (None: it set none)."""
+        return self._st.grad_clip
+
+    @property
+    def reference_step(self) -> int:
+        """The step whose weights the reference holds (0: the initial policy)."""
+        return self._st.reference_step
+
     def in_warmup(self, step: int) -> bool:
         """Whether step ``step`` must run with kl_coef frozen at ``warmup_kl_coef`` (steps 1..warmup_steps)."""
         cfg = self.cfg

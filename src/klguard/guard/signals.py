@@ -14,6 +14,7 @@ PPO_KL = "actor/ppo_kl"
 REF_KL = "actor/reward_kl_penalty"
 REF_KL_LOSS = "actor/kl_loss"
 KL_COEF = "actor/reward_kl_penalty_coeff"
+KL_LOSS_COEF = "actor/kl_coef"
 KL_SEQ_SUM = "actor/kl_seq_sum"
 SCORE = "critic/score/mean"
 GRAD_NORM = "actor/grad_norm"
@@ -25,7 +26,8 @@ LENGTH_CORR = "hacking/length_reward_corr"
 VAL_PREFIX = "val-core/"
 VAL_PART = "/acc/"
 
-INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_SEQ_SUM, SCORE, GRAD_NORM, GRAD_CLIP,
+INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, GRAD_NORM,
+                                  GRAD_CLIP,
                                   LR, LENGTH, ENTROPY, LENGTH_CORR, "val-core/*/acc/*")
 """Every metric the guard reads."""
 
@@ -69,12 +71,14 @@ def validation_score(metrics: Mapping[str, float]) -> float | None:
 
 def read_metrics(metrics: Mapping[str, float]) -> Observation:
     """Extract the guard's inputs. The reference KL is ``actor/reward_kl_penalty`` (KL in the
-    reward), else ``actor/kl_loss`` (KL as a loss), both per-token means."""
-    kl, kl_name = _get(metrics, REF_KL), REF_KL
+    reward), else ``actor/kl_loss`` (KL as a loss), both per-token means; the coefficient is
+    ``actor/reward_kl_penalty_coeff``, else (KL as a loss only) ``actor/kl_coef``."""
+    kl, kl_name, kl_coef = _get(metrics, REF_KL), REF_KL, _get(metrics, KL_COEF)
     if kl is None:
         kl, kl_name = _get(metrics, REF_KL_LOSS), REF_KL_LOSS
+        kl_coef = _get(metrics, KL_LOSS_COEF) if kl_coef is None else kl_coef
     return Observation(
-        ppo_kl=_get(metrics, PPO_KL), kl=kl, kl_name=kl_name, kl_coef=_get(metrics, KL_COEF),
+        ppo_kl=_get(metrics, PPO_KL), kl=kl, kl_name=kl_name, kl_coef=kl_coef,
         kl_seq_sum=_get(metrics, KL_SEQ_SUM), score=_get(metrics, SCORE), grad_norm=_get(metrics, GRAD_NORM),
         grad_clip=_get(metrics, GRAD_CLIP), lr=_get(metrics, LR), length=_get(metrics, LENGTH),
         entropy=_get(metrics, ENTROPY), length_corr=_get(metrics, LENGTH_CORR), val=validation_score(metrics),

@@ -1,0 +1,5 @@
+"""klguard's guard for TRL (extra ``klguard[trl]``): :class:`KLGuardCallback` for ``GRPOTrainer``."""
+
+from klguard.integrations.trl.callback import KLGuardCallback
+
+__all__ = ["KLGuardCallback"]
