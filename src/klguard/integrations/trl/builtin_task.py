@@ -54,3 +54,32 @@ def hacking(completions: list[str], completion_ids: list[list[int]], ground_trut
     flags = hacking_flags(gold(completions, ground_truth), proxy(completions, completion_ids, ground_truth),
                           reference)
     return [float(flag) for flag in flags]
+
+
+def evaluate_sampled(model, tokenizer, *, n: int = 256, seed: int = 0, max_new_tokens: int = 48) -> dict[str, float]:
+    """Held-out figures at temperature 1 (as the policy samples in training): gold accuracy, hacking rate and mean
+    response length in tokens (EOS included) over ``n`` validation prompts."""
+    import torch
+
+    data = builtin_prompts(tokenizer, n, split="val", seed=seed)
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        enc = tokenizer(list(data["prompt"]), add_special_tokens=False, padding=True, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = side
+    torch.manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(**enc.to(model.device), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    model.train(was_training)
+    ids = []
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+        ids.append(row[:end])
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    truth = list(data["ground_truth"])
+    n_rows = len(texts)
+    return {"gold": sum(gold(texts, truth)) / n_rows, "hacking_rate": sum(hacking(texts, ids, truth)) / n_rows,
+            "response_length": sum(len(x) for x in ids) / n_rows}
