@@ -22,8 +22,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from klguard.integrations.trl import KLGuardCallback
-from klguard.integrations.trl.builtin_task import (builtin_policy, builtin_prompts, evaluate_sampled, gold, hacking,
-                                                   proxy)
+from klguard.integrations.trl.builtin_task import (
+    builtin_policy,
+    builtin_prompts,
+    evaluate_sampled,
+    gold,
+    hacking,
+    proxy,
+)
 
 
 def make_trainer(out: Path, *, seed: int, steps: int) -> GRPOTrainer:
