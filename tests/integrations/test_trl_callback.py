@@ -182,3 +182,24 @@ def test_resume_from_a_trl_checkpoint_repeats_the_uninterrupted_decisions(tmp_pa
         for key in ("beta", "kl", "learning_rate", "guard/kl_coef", "guard/rollbacks", "guard/target_kl"):
             assert b[step][key] == a[step][key], (step, key)
     assert callback.stable[:1] == [4]  # the pending checkpoint-4, confirmed by the resumed step 5
+
+
+def test_report_reads_a_trl_output_folder(tmp_path):
+    """`klguard report DIR` on a TRL output folder: TRL's log history under klguard's names, the guard's events."""
+    from klguard.commands.cli import main
+    from klguard.commands.report import load_run
+
+    trainer = grpo_trainer(tmp_path, steps=4, save_steps=2)
+    inject(guarded(trainer, ["guard.kl_hard_limit=1.0", "trl.gold_reward=gold", "trl.gold_window=2"]),
+           {4: {"kl": 5.0}})
+    trainer.train()  # no save_state: the newest checkpoint's trainer_state.json is read
+    run = load_run(tmp_path)
+    assert [r["step"] for r in run.rows] == [1, 2, 3, 4]
+    logs = train_logs(trainer)
+    assert run.series("actor/kl_loss")[1] == [logs[s]["kl"] for s in (1, 2, 3, 4)]
+    assert run.series("response_length/mean")[1] == [logs[s]["completions/mean_length"] for s in (1, 2, 3, 4)]
+    assert run.series("actor/kl_coef")[1] == [logs[s]["beta"] for s in (1, 2, 3, 4)]
+    assert run.series("guard/gold_validation")[0] == [2, 4]
+    assert [e["kind"] for e in run.events][:1] == ["rollback"]
+    assert main(["report", str(tmp_path)]) == 0
+    assert "rollback" in (tmp_path / "report.html").read_text()

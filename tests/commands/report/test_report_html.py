@@ -72,7 +72,8 @@ def test_report_command_writes_into_the_run_and_rejects_other_folders(tmp_path, 
     assert (run / "report.html").is_file()
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"klguard: error: {tmp_path} is not a klguard run directory (no metrics.jsonl)"]
+    assert err == [f"klguard: error: {tmp_path} is not a klguard run directory (no metrics.jsonl) nor a TRL output "
+                   "folder (no trainer_state.json)"]
 
 
 def test_a_corrupt_metrics_line_is_named(tmp_path, capsys):

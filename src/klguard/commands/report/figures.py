@@ -24,14 +24,16 @@ class Panel:
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("Validation gold accuracy (greedy)", "accuracy (share of prompts)", (("val-core/", "val gold"),)),
+    Panel("Validation gold accuracy (greedy)", "accuracy (share of prompts)",
+          (("val-core/", "val gold"), ("guard/gold_validation", "gold, training window (TRL)"))),
     Panel("Proxy (solid) vs gold (dashed) score on rollouts", "mean reward per response",
           (("hacking/proxy_score", "proxy"), ("hacking/gold_score", "gold"))),
     Panel("Hacking rate on rollouts", "share of responses", (("hacking/rate", "rollouts"),)),
     Panel("Response length", "tokens (mean)", (("response_length/mean", "length"),)),
     Panel("KL to the reference (dashed: guard's target)", "nats per token",
-          (("actor/reward_kl_penalty", "KL"), ("guard/target_kl", "target"))),
-    Panel("KL coefficient", "beta (log scale)", (("actor/reward_kl_penalty_coeff", "beta"),), log_y=True),
+          (("actor/reward_kl_penalty", "KL"), ("guard/target_kl", "target"), ("actor/kl_loss", "KL in the loss"))),
+    Panel("KL coefficient", "beta (log scale)",
+          (("actor/reward_kl_penalty_coeff", "beta"), ("actor/kl_coef", "beta of the KL loss")), log_y=True),
     Panel("Actor learning rate", "lr", (("actor/lr", "lr"),)),
     Panel("Actor gradient norm (before clipping)", "L2 norm", (("actor/grad_norm", "grad norm"),)),
 )

@@ -1,4 +1,4 @@
-"""Read a run directory back: metrics.jsonl, events.jsonl and the config a report needs."""
+"""Read a run directory back: klguard's metrics.jsonl (or a TRL output folder's trainer_state.json) and events.jsonl."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klguard.errors import UserError
+from klguard.integrations.metric_maps import to_klguard_names
 
 VAL_HACKING_SUFFIX = "/hacking_rate/mean@1"
 
@@ -77,15 +78,35 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def load_run(path: str | Path, label: str | None = None) -> RunRecord:
-    """Read a klguard run directory; one clear error when it is not one."""
+    """Read a klguard run directory or a TRL output folder; one clear error when it is neither."""
     folder = Path(path).expanduser()
     metrics = folder / "metrics.jsonl"
-    if not metrics.is_file():
-        raise UserError(f"{folder} is not a klguard run directory (no metrics.jsonl)")
-    rows = [r for r in _read_jsonl(metrics) if isinstance(r.get("step"), int)]
+    if metrics.is_file():
+        rows = [r for r in _read_jsonl(metrics) if isinstance(r.get("step"), int)]
+    else:
+        rows = _trl_rows(folder)
     by_step: dict[int, dict] = {}
     for row in rows:  # a resumed run may repeat steps: the latest write of a step wins
         by_step[row["step"]] = row
     events_file = folder / "events.jsonl"
     events = _read_jsonl(events_file) if events_file.is_file() else []
     return RunRecord(label or folder.name, folder, [by_step[s] for s in sorted(by_step)], events)
+
+
+def _trl_rows(folder: Path) -> list[dict]:
+    """The training steps of a TRL (transformers Trainer) output folder, under klguard's metric names: from the
+    trainer_state.json that reaches furthest (the folder's own, written by save_state, or a checkpoint's)."""
+    states = [folder / "trainer_state.json", *folder.glob("checkpoint-*/trainer_state.json")]
+    found = []
+    for state in (s for s in states if s.is_file()):
+        try:
+            history = json.loads(state.read_text(encoding="utf-8"))["log_history"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{state}: not a transformers trainer state ({exc.__class__.__name__})") from None
+        found.append(history)
+    if not found:
+        raise UserError(f"{folder} is not a klguard run directory (no metrics.jsonl) nor a TRL output folder "
+                        "(no trainer_state.json)")
+    history = max(found, key=lambda h: max((r.get("step", 0) for r in h), default=0))
+    return [{**to_klguard_names(r, "trl"), "step": int(r["step"])} for r in history
+            if "loss" in r and isinstance(r.get("step"), int)]

@@ -21,7 +21,13 @@ SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# where a run has no KL in the reward (TRL: the KL is a loss term), its KL-loss figures stand in
+FALLBACKS = {"actor/reward_kl_penalty": "actor/kl_loss", "actor/reward_kl_penalty_coeff": "actor/kl_coef"}
+
+
 def summary_value(run: RunRecord, metric: str, how: str) -> float | None:
+    if metric in FALLBACKS and not run.series(metric)[0]:
+        metric = FALLBACKS[metric]
     if how == "best":
         return run.best(metric)
     if how == "tail":
