@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
-from trl_runs import grpo_trainer, guarded, inject, train_logs
+from trl_runs import grpo_trainer, guarded, inject, snapshot_after_guard, train_logs
 
 from klguard.config import ConfigError
 from klguard.integrations.trl import KLGuardCallback
@@ -54,12 +54,6 @@ def test_controller_sets_beta_for_the_next_step(tmp_path):
     assert logs[5]["beta"] != logs[1]["beta"]
 
 
-def _optimizer_state(optimizer) -> dict:
-    """A copy: the live state's tensors are updated in place by the next steps."""
-    state = optimizer.state_dict()["state"]
-    return {index: {k: v.clone() for k, v in moments.items()} for index, moments in state.items()}
-
-
 def test_rollback_restores_checkpoint_bit_for_bit_and_the_lr_cut_survives_the_scheduler(tmp_path, monkeypatch):
     """Steps 1-3 calm (checkpoints 1 and 2 confirmed stable), a forced KL blow-up at step 4: the guard rolls back to
     checkpoint-2 (weights, Adam moments), re-anchors the reference there and halves the lr, which the linear
@@ -70,20 +64,7 @@ def test_rollback_restores_checkpoint_bit_for_bit_and_the_lr_cut_survives_the_sc
                            report_to=["tensorboard"])
     callback = guarded(trainer, ["guard.kl_hard_limit=1.0"])
     inject(callback, {4: {"kl": 5.0}})
-    seen = {}
-    original = callback.on_log
-
-    def after_guard(args, state, control, logs=None, **kwargs):
-        out = original(args, state, control, logs=logs, **kwargs)
-        if state.global_step == 4 and "loss" in logs:
-            seen["model"] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-            seen["ref"] = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
-            seen["optim"] = _optimizer_state(trainer.optimizer)
-            seen["lr"] = [g["lr"] for g in trainer.optimizer.param_groups]
-            seen["buffer"] = trainer._buffered_inputs
-        return out
-
-    callback.on_log = after_guard
+    seen = snapshot_after_guard(callback, 4)
     trainer.train()
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     kinds = [(e["step"], e["kind"]) for e in events]
@@ -138,17 +119,7 @@ def test_rollback_without_checkpoint_restores_the_reference(tmp_path):
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     callback = guarded(trainer, ["guard.kl_hard_limit=1.0"])
     inject(callback, {2: {"kl": 5.0}})
-    seen = {}
-    original = callback.on_log
-
-    def after_guard(args, state, control, logs=None, **kwargs):
-        out = original(args, state, control, logs=logs, **kwargs)
-        if state.global_step == 2 and "loss" in logs:
-            seen["model"] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-            seen["optim"] = _optimizer_state(trainer.optimizer)
-        return out
-
-    callback.on_log = after_guard
+    seen = snapshot_after_guard(callback, 2)
     trainer.train()
     assert all(torch.equal(seen["model"][k], v) for k, v in initial.items())
     assert seen["optim"] == {}

@@ -50,6 +50,26 @@ def inject(callback: KLGuardCallback, at: dict[int, dict[str, float]]) -> None:
     callback.on_log = on_log
 
 
+def snapshot_after_guard(callback: KLGuardCallback, step: int) -> dict:
+    """Copies of the trainer's weights, reference, optimizer state, lrs and rollout buffer right after the guard
+    acted on step ``step``'s log (filled in during training)."""
+    trainer, seen, original = callback.trainer, {}, callback.on_log
+
+    def on_log(args, state, control, logs=None, **kwargs):
+        out = original(args, state, control, logs=logs, **kwargs)
+        if state.global_step == step and logs is not None and "loss" in logs:
+            seen["model"] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+            seen["ref"] = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
+            moments = trainer.optimizer.state_dict()["state"]  # cloned: the next steps update them in place
+            seen["optim"] = {i: {k: v.clone() for k, v in m.items()} for i, m in moments.items()}
+            seen["lr"] = [g["lr"] for g in trainer.optimizer.param_groups]
+            seen["buffer"] = trainer._buffered_inputs
+        return out
+
+    callback.on_log = on_log
+    return seen
+
+
 def train_logs(trainer: GRPOTrainer) -> dict[int, dict]:
     """The training steps' log entries (as trainer_state.json holds them), by step."""
     return {row["step"]: row for row in trainer.state.log_history if "loss" in row}

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "target_kl and print the command to train with it", epilog=EPILOG)
     _add_config_args(calibrate)
     report = sub.add_parser("report", help="write RUN_DIR/report.html (several RUN_DIRs: one page comparing them)")
-    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="klguard run directories")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="klguard run directories or TRL output folders")
     report.add_argument("--out", metavar="FILE", help="output file (default: report.html in the first RUN_DIR)")
     report.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser

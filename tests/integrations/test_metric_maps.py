@@ -1,0 +1,52 @@
+"""The shared metric map and the gold window: pure Python, no trainer."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from klguard.guard.signals import read_metrics
+from klguard.integrations.gold import GoldWindow
+from klguard.integrations.metric_maps import TRL_METRICS, to_klguard_names
+
+
+def test_trl_names_become_the_guards_inputs():
+    logs = {"kl": 0.02, "beta": 0.04, "reward": 1.2, "grad_norm": 3.0, "learning_rate": 1e-5, "entropy": 0.4,
+            "completions/mean_length": 12.5, "rewards/gold/mean": 0.5, "epoch": 0.1, "note": "text", "nan": math.nan,
+            "flag": True}
+    metrics = to_klguard_names(logs, "trl")
+    assert "note" not in metrics and "nan" not in metrics and "flag" not in metrics  # numbers only, finite
+    assert metrics["rewards/gold/mean"] == 0.5 and metrics["epoch"] == 0.1  # unmapped names kept
+    obs = read_metrics(metrics)
+    assert (obs.kl, obs.kl_name, obs.kl_coef) == (0.02, "actor/kl_loss", 0.04)
+    assert (obs.score, obs.grad_norm, obs.lr, obs.entropy, obs.length) == (1.2, 3.0, 1e-5, 0.4, 12.5)
+    assert len(set(TRL_METRICS.values())) == len(TRL_METRICS)  # one klguard name per TRL name
+
+
+def test_the_reward_kl_coefficient_wins_over_the_loss_one():
+    obs = read_metrics({"actor/reward_kl_penalty": 0.01, "actor/reward_kl_penalty_coeff": 0.05,
+                        "actor/kl_loss": 0.3, "actor/kl_coef": 0.001})
+    assert (obs.kl, obs.kl_coef) == (0.01, 0.05)
+
+
+def test_gold_window_means_every_size_values_and_skips_missing():
+    window = GoldWindow(3)
+    assert [window.add(v) for v in (0.2, None, 0.4, math.nan)] == [None] * 4
+    assert window.add(0.9) == pytest.approx(0.5)
+    copy = GoldWindow(1)
+    window.add(0.1)
+    copy.load_state_dict(window.state_dict())
+    assert (copy.size, copy.values) == (3, [0.1])
+    with pytest.raises(ValueError, match="gold window size"):
+        GoldWindow(0)
+
+
+def test_importing_klguard_imports_no_trainer_library():
+    code = ("import sys, klguard, klguard.guard, klguard.integrations, klguard.integrations.metric_maps, "
+            "klguard.commands.cli; bad = sorted(m for m in ('trl', 'verl') if m in sys.modules); "
+            "print(','.join(bad)); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
