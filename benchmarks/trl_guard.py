@@ -1,7 +1,7 @@
 """KLGuardCallback in TRL's GRPOTrainer: its own cost, and the built-in hacking task guarded vs unguarded.
 
     pip install -e '.[trl]'
-    python benchmarks/trl_guard.py                  # seeds 1 2, 200 steps each run (~7 min on 2 cores)
+    python benchmarks/trl_guard.py                  # seeds 1 2, 200 steps each run (about 6 min on 2 cores)
     python benchmarks/trl_guard.py --seeds 1 --steps 50
 
 Each run is examples/trl/grpo_guarded.py's (64 completions a step, beta 0.001, lr 1e-4, a checkpoint every 10 steps).
