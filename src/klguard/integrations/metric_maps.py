@@ -1,7 +1,7 @@
 """One mapping per trainer from its logged metric names to klguard's (verl's), which the guard reads.
 
 Shared by every integration and by `klguard report` on another trainer's output folder: a metric
-name appears here once. klguard's own runs and verl log verl's names already (the identity).
+name appears here once. klguard's own runs and verl log verl's names already and need no map.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ TRL_METRICS: dict[str, str] = {
 }
 """TRL 1.x GRPOTrainer's names (``logging_steps=1``: one step's values, not a window's mean)."""
 
-METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS, "klguard": {}, "verl": {}}
+METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS}
 
 
 def to_klguard_names(logs: Mapping[str, object], trainer: str) -> dict[str, float]:

@@ -93,12 +93,19 @@ def load_run(path: str | Path, label: str | None = None) -> RunRecord:
     return RunRecord(label or folder.name, folder, [by_step[s] for s in sorted(by_step)], events)
 
 
+def _checkpoint_step(state: Path) -> int:
+    """checkpoint-N/trainer_state.json -> N (-1 for a folder not named so)."""
+    tail = state.parent.name.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else -1
+
+
 def _trl_rows(folder: Path) -> list[dict]:
     """The training steps of a TRL (transformers Trainer) output folder, under klguard's metric names: from the
-    trainer_state.json that reaches furthest (the folder's own, written by save_state, or a checkpoint's)."""
-    states = [folder / "trainer_state.json", *folder.glob("checkpoint-*/trainer_state.json")]
+    trainer_state.json that reaches furthest (the folder's own, written by save_state, or the newest checkpoint's)."""
+    newest = max(folder.glob("checkpoint-*/trainer_state.json"), key=_checkpoint_step, default=None)
+    states = [s for s in (folder / "trainer_state.json", newest) if s is not None and s.is_file()]
     found = []
-    for state in (s for s in states if s.is_file()):
+    for state in states:
         try:
             history = json.loads(state.read_text(encoding="utf-8"))["log_history"]
         except (ValueError, KeyError, TypeError) as exc:

@@ -121,7 +121,7 @@ class KLGuardCallback(TrainerCallback, ExportableState):
         return {"args": {}, "attributes": {"klguard": {
             "version": STATE_VERSION, "guard": self.guard.state_dict(), "kl_ctrl": self.controller.state_dict(),
             "frozen": self.frozen, "stable": list(self.stable), "pending": step, "gold": self.gold.state_dict(),
-            "eval_gold": self.eval_gold, "beta": self.trainer.beta}}}
+            "eval_gold": self.eval_gold}}}
 
     def _resume(self, state, saved: dict | None) -> None:
         found = (saved or {}).get("attributes", {}).get("klguard")

@@ -8,9 +8,14 @@ from pathlib import Path
 
 import torch
 
+from klguard.distributed.sharded_checkpoint import copy_weights
 
-def _unwrap(trainer, model):
-    return trainer.accelerator.unwrap_model(model)
+
+def _copy(trainer, src, dst) -> None:
+    """``dst`` takes ``src``'s weights (each unwrapped from accelerate's wrapper)."""
+    unwrap = trainer.accelerator.unwrap_model
+    with torch.no_grad():
+        copy_weights(unwrap(src), unwrap(dst))
 
 
 def _inner_optimizer(optimizer):
@@ -59,9 +64,7 @@ def can_restore_reference(trainer) -> bool:
 
 def restore_reference(trainer) -> None:
     """Load the reference model's weights into the policy and start the optimizer afresh (as at step 0)."""
-    state = _unwrap(trainer, trainer.ref_model).state_dict()
-    with torch.no_grad():
-        _unwrap(trainer, trainer.model).load_state_dict(state)
+    _copy(trainer, trainer.ref_model, trainer.model)
     _inner_optimizer(trainer.optimizer).state.clear()
     trainer._buffered_inputs = None
 
@@ -71,7 +74,5 @@ def reanchor_reference(trainer) -> bool:
     base model with the adapter disabled)."""
     if getattr(trainer, "ref_model", None) is None:
         return False
-    state = _unwrap(trainer, trainer.model).state_dict()
-    with torch.no_grad():
-        _unwrap(trainer, trainer.ref_model).load_state_dict(state)
+    _copy(trainer, trainer.model, trainer.ref_model)
     return True
