@@ -217,11 +217,13 @@ def test_refusals(tokenizer):
     groups = prompt_groups(ids, mask, P)
     assert unsupported_reason(model) is None
     enable_checkpointing(model)
-    assert "gradient checkpointing" in unsupported_reason(model, with_grad=True)
-    assert unsupported_reason(model, with_grad=False) is None
+    assert "gradient checkpointing" in unsupported_reason(model)
+    with torch.no_grad():  # transformers 5.10 drops the cache without grad too
+        assert "gradient checkpointing" in unsupported_reason(model)
     with pytest.raises(ValueError, match="gradient checkpointing"):
         shared_prefix_logprobs(model, ids, mask, R, groups)
-    with torch.no_grad():  # no backward: transformers keeps the cache, the shared path runs
+    model.eval()  # checkpointing acts in training mode only: in eval mode the shared path runs
+    with torch.no_grad():
         _assert_same_outputs(shared_prefix_logprobs(model, ids, mask, R, groups), compute_logprobs(model, ids, mask, R),
                              model)
     assert "no cache argument" in unsupported_reason(torch.nn.Linear(2, 2))

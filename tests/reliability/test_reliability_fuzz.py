@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from klguard.commands.cli import main
 from klguard.config import Config
-from klguard.config.loader import _schema_keys, _verl_keys, schema_fields
+from klguard.config.loader import _schema_keys, schema_fields
 from klguard.config.schema import SFTConfig
+from klguard.config.verl_keys import verl_keys
 from klguard.data.arith import make_arith_rows
 from klguard.data.dataset import load_rl_dataset
 from klguard.errors import UserError
@@ -62,7 +63,7 @@ def _unknown_key(draw) -> str:
     base = draw(st.sampled_from(sorted(LEAVES)))
     key = base + draw(NOT_YAML_SCALAR) if draw(st.booleans()) else f"{base.rsplit('.', 1)[0]}.{draw(NOT_YAML_SCALAR)}"
     ours, free_form = _schema_keys()
-    known = ours | _verl_keys() | free_form
+    known = ours | verl_keys() | free_form
     parts = key.split(".")
     if any(".".join(parts[:i]) in known for i in range(1, len(parts) + 1)):
         key = "zq" + key  # under a free-form dict or a verl key: move it out of every known tree

@@ -67,7 +67,8 @@ def _train(config: Config) -> dict[str, float]:
     if trainer.state.step > 0 and main:  # resumed: a killed run's lines after the checkpoint are redone
         truncate_logs(trainer.run_dir, trainer.state.step)
     tracker = Tracking(config.trainer.logger if main else [], trainer.run_dir, project=config.trainer.project_name,
-                       experiment=config.trainer.experiment_name, config=config_to_dict(config))
+                       experiment=config.trainer.experiment_name, config=config_to_dict(config),
+                       write_metrics_file=main)
     bar = Progress(trainer.total_steps, desc="klguard train", initial=trainer.state.step,
                    enabled=config.trainer.progress_bar and main, every=config.trainer.progress_every)
     try:
@@ -81,14 +82,12 @@ def _train(config: Config) -> dict[str, float]:
     _print_summary(tracker.first, tracker.latest, trainer)
     (trainer.run_dir / "summary.json").write_text(json.dumps({"first": tracker.first, "last": tracker.latest},
                                                              indent=1, sort_keys=True))
-    if config.trainer.report and (trainer.run_dir / "metrics.jsonl").is_file():
+    if config.trainer.report:
         from klguard.commands.report import load_run, write_run_report
 
         report = write_run_report([load_run(trainer.run_dir)], trainer.run_dir / "report.html",
                                   f"klguard run {trainer.run_dir.name}")
         print(f"  report: {report}")
-    elif config.trainer.report:
-        print("  report: none (it reads metrics.jsonl: add jsonl to trainer.logger)")
     if preemption.requested and trainer.state.step < trainer.total_steps:
         latest = trainer.checkpoints.manager.latest()
         print(f"klguard: stopped by {preemption.signal_name} after step {trainer.state.step}; latest checkpoint: "

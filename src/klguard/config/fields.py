@@ -93,14 +93,14 @@ def one_of(key: str, value: Any, tp: Any) -> None:
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
 def choice_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, tuple]]:
     """(dotted key, field, allowed values) of every choice field under the dataclass `cls`."""
     for f in dataclasses.fields(cls):
-        tp = _hints(cls)[f.name]
+        tp = type_hints(cls)[f.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             yield from choice_fields(tp, f"{prefix}{f.name}.")
         elif allowed := choice_values(tp):
@@ -159,7 +159,7 @@ def whole(value: Any, least: int) -> bool:
 def check_tree(node: Any, key: str = "") -> None:
     """Check a config section and the sections under it: its choice fields against their Literals, its own
     `check(key)` (rules over several of its fields), each field's rule, then each sub-section."""
-    hints = _hints(type(node))
+    hints = type_hints(type(node))
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         if (allowed := choice_values(hints[f.name])) and value not in allowed:

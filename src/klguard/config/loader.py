@@ -11,7 +11,6 @@ import difflib
 import re
 from collections.abc import Iterator, Sequence
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from klguard.config.fields import choice_fields, refusal
 from klguard.config.schema import Config
+from klguard.config.structured import build, omegaconf_schema
 from klguard.config.validate import validate
+from klguard.config.verl_keys import canonical, verl_keys
 from klguard.errors import ConfigError
 
 # Hydra's list of config groups at the top of verl's YAML files: meaningless here.
@@ -43,11 +44,11 @@ def load_config(config_file: str | Path | None = None, overrides: Sequence[str] 
         layers.append(_parse_overrides(overrides))
     ignored: list[str] = []
     kept_layers = [_filter_known_keys(layer, ignored) for layer in layers]
-    merged = OmegaConf.structured(Config)
+    merged = OmegaConf.structured(omegaconf_schema(Config))
     try:
         for layer in kept_layers:
             merged = OmegaConf.merge(merged, layer)
-        config = OmegaConf.to_object(merged)
+        config = build(Config, OmegaConf.to_container(merged, resolve=True))
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
     validate(config)
@@ -55,11 +56,11 @@ def load_config(config_file: str | Path | None = None, overrides: Sequence[str] 
 
 
 def config_to_yaml(config: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(config))
+    return OmegaConf.to_yaml(OmegaConf.create(config_to_dict(config)))
 
 
 def config_to_dict(config: Config) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    return OmegaConf.to_container(OmegaConf.create(dataclasses.asdict(config)), resolve=True)
 
 
 def _read_yaml(path: Path) -> dict:
@@ -117,14 +118,14 @@ def _filter_known_keys(layer: dict, ignored: list[str]) -> dict:
     """Keep our keys, collect verl-only keys in `ignored`, raise on unknown keys."""
     ours, free_form = _schema_keys()
     kept: dict = {}
-    for key, value in _flatten(layer):
+    for key, value in canonical(_flatten(layer)):
         top = key.split(".")[0]
         if key in ours or _under(key, free_form) or (isinstance(value, dict) and key in free_form):
             _set(kept, key, value)
         elif _under(key, ours):  # `a.b={c: 1}` where a.b is one of our single-value keys
             leaf = next(k for k in ours if key.startswith(k + "."))
             raise ConfigError(f"{leaf} takes a single value, not a mapping (got {key})")
-        elif top in _HYDRA_KEYS or key in _verl_keys() or _under(key, _verl_keys()):
+        elif top in _HYDRA_KEYS or key in verl_keys() or _under(key, verl_keys()):
             ignored.append(key)
         else:
             raise ConfigError(_unknown_key_message(key, ours))
@@ -144,7 +145,7 @@ def _set(tree: dict, dotted: str, value: Any) -> None:
 
 
 def _unknown_key_message(key: str, ours: frozenset[str]) -> str:
-    candidates = sorted(ours | _verl_keys())
+    candidates = sorted(ours | verl_keys())
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     if not close:  # compare the last part: `actor.clip_ratoi` -> `...actor.clip_ratio`
         leaf = key.rsplit(".", 1)[-1]
@@ -190,17 +191,6 @@ def _dataclass_type(cls: type, name: str) -> type | None:
 
 
 @cache
-def _verl_keys() -> frozenset[str]:
-    text = resources.files("klguard").joinpath("resources/verl_keys.txt").read_text()
-    keys = set()
-    for line in text.splitlines():
-        if line.startswith("#") or " = " not in line:
-            continue
-        keys.add(line.split(" = ", 1)[0].strip())
-    return frozenset(keys)
-
-
-@cache
 def _choice_fields() -> dict[str, tuple[dataclasses.Field, tuple]]:
     return {path: (f, allowed) for path, f, allowed in choice_fields(Config)}
 
@@ -209,7 +199,9 @@ def _omegaconf_message(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None) or ""
     msg = str(getattr(exc, "msg", "") or exc).splitlines()[0]
     value = getattr(exc, "value", None)
-    if "expected one of" in msg and key in _choice_fields():  # a value outside a choice field's Literal
+    if key in _choice_fields() and ("expected one of" in msg or "Cannot convert" in msg):  # not one of its Literal
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value)
         return refusal(key, value, *_choice_fields()[key])
     if "Value '" in msg and "could not be converted" in msg:
         expected = msg.rsplit("to ", 1)[-1].rstrip(".")

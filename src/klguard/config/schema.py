@@ -133,6 +133,7 @@ class RewardModelConfig:
 class CustomRewardFunctionConfig:
     path: str | None = opt(None, "Python file with the reward function (the only user code run)")
     name: str = opt("compute_score", "Function name in that file")
+    reward_kwargs: dict = opt({}, "Keyword arguments given to that function on every call (verl's, set with +)")
 
     def check(self, key: str) -> None:
         """The run reads this file late (after the warm start): fail now, not minutes in."""
@@ -199,7 +200,8 @@ class TrainerConfig:
     project_name: str = opt("klguard", "Project name for loggers and the run directory")
     experiment_name: str = opt("arith_demo", "Experiment name for loggers and the run directory")
     logger: list = opt(
-        ["console", "jsonl", "tensorboard"], f"Trackers, any of: {choices(Logger, file='alias of jsonl')}"
+        ["console", "jsonl", "tensorboard"], "Trackers, any of: " + choices(
+            Logger, jsonl="metrics.jsonl, always written", file="verl's format at $VERL_FILE_LOGGER_PATH")
     )
     save_freq: int = opt(
         10, "Checkpoint every N steps (-1 = only at the end); the guard rolls back to these", rule=_EVERY

@@ -82,17 +82,16 @@ def _cache_reason(model: torch.nn.Module) -> str | None:
     return _CACHE_REASONS[model]
 
 
-def unsupported_reason(model: torch.nn.Module, *, with_grad: bool | None = None) -> str | None:
+def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why ``shared_prefix_forward`` cannot run ``model`` (``None``: it can).
 
-    ``with_grad``: whether the forward will be under autograd (default: the current grad mode); it matters only
-    for gradient checkpointing, which is refused when the model is in training mode and grad is on."""
+    Gradient checkpointing is refused when the model is in training mode: transformers drops the KV cache there,
+    under autograd always and, in some releases (5.10's GradientCheckpointingLayer), under ``no_grad`` too."""
     reason = _cache_reason(model)
     if reason is not None:
         return reason
-    with_grad = torch.is_grad_enabled() if with_grad is None else with_grad
-    if with_grad and model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
-        return "gradient checkpointing is on (transformers drops the KV cache under it)"
+    if model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+        return "gradient checkpointing is on in training mode (transformers drops the KV cache under it)"
     return None
 
 

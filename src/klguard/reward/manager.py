@@ -74,6 +74,7 @@ class RewardManager:
         self.tokenizer = tokenizer
         crf = config.custom_reward_function
         self.custom = load_custom_reward(crf.path, crf.name) if crf.path else None
+        self.custom_kwargs = dict(crf.reward_kwargs)
         self.rm_cfg = config.reward_model
         self.model = None
         if config.reward_model.enable:
@@ -85,7 +86,7 @@ class RewardManager:
     def _rule(self, i: int, data_source: str, text: str, ground_truth: str, extra_info: Any) -> float:
         try:
             if self.custom is not None:
-                result = self.custom(data_source, text, ground_truth, extra_info)
+                result = self.custom(data_source, text, ground_truth, extra_info, **self.custom_kwargs)
                 value = result["score"] if isinstance(result, dict) else result
             else:
                 value = compute_gold_score(data_source, text, ground_truth)

@@ -1,4 +1,8 @@
-"""Metric trackers named as in verl's `trainer.logger`: console, jsonl (alias file), tensorboard, wandb, mlflow."""
+"""Metric trackers named as in verl's `trainer.logger`: console, file, tensorboard, wandb, mlflow.
+
+The run directory's `metrics.jsonl` is always written (the report, `klguard watch` and resume read it), whatever
+`trainer.logger` lists; `jsonl` there is accepted and changes nothing. `file` writes verl's own format to verl's path.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,33 @@ class JsonlBackend:
 
     def close(self) -> None:
         self._file.close()
+
+
+class VerlFileBackend:
+    """verl's `file` logger: `{"step": N, "data": {...}}` lines at $VERL_FILE_LOGGER_PATH, else
+    $VERL_FILE_LOGGER_ROOT (default: the working directory)/<project>/<experiment>.jsonl. As verl's, the file
+    starts over on each launch; metrics.jsonl keeps the whole run."""
+
+    def __init__(self, project: str, experiment: str) -> None:
+        self.path = verl_file_logger_path(project, experiment)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        data = {k: _finite_or_none(float(v)) for k, v in metrics.items()}
+        self._file.write(json.dumps({"step": step, "data": data}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def verl_file_logger_path(project: str, experiment: str) -> Path:
+    explicit = os.environ.get("VERL_FILE_LOGGER_PATH")
+    if explicit:
+        return Path(explicit)
+    root = Path(os.environ.get("VERL_FILE_LOGGER_ROOT", ".")).expanduser()
+    return root / project / f"{experiment}.jsonl"
 
 
 class TensorBoardBackend:
@@ -115,11 +146,11 @@ class Tracking:
     """Fans metrics out to the configured backends."""
 
     def __init__(self, loggers: list[str], run_dir: Path, *, project: str, experiment: str,
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, write_metrics_file: bool = True) -> None:
         self.first: dict[str, float] = {}  # each metric's first logged value
         self.latest: dict[str, float] = {}  # each metric's latest logged value
-        self.backends: list[Backend] = []
-        for name in dict.fromkeys(loggers):
+        self.backends: list[Backend] = [JsonlBackend(run_dir)] if write_metrics_file else []
+        for name in dict.fromkeys(n for n in loggers if n != "jsonl"):
             try:
                 self.backends.append(self._make(name, run_dir, project, experiment, config or {}))
             except ImportError as exc:
@@ -131,8 +162,8 @@ class Tracking:
     def _make(name: str, run_dir: Path, project: str, experiment: str, config: dict) -> Backend:
         if name == "console":
             return ConsoleBackend()
-        if name in ("jsonl", "file"):
-            return JsonlBackend(run_dir)
+        if name == "file":
+            return VerlFileBackend(project, experiment)
         if name == "tensorboard":
             return TensorBoardBackend(run_dir)
         if name == "wandb":

@@ -1,0 +1,72 @@
+"""verl's configuration keys, two releases of them, and the keys verl 0.9.1 renamed.
+
+`resources/verl_keys.txt` is the snapshot klguard was built on, `resources/verl_0.9.1_keys.txt` verl 0.9.1's
+generated PPO config (both: `key = default`, one per line). A key of either that klguard does not implement is
+accepted and listed in the one "not applicable" warning.
+
+verl 0.9.1 moved the reward settings under `reward.`; klguard takes both spellings with one meaning and keeps the
+older one (its schema's) as the name. 0.9.1 still lists the older keys with the value null, meaning "not set":
+a null there is dropped, so that a whole 0.9.1 config file loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from klguard.errors import ConfigError
+
+KEY_FILES = ("verl_keys.txt", "verl_0.9.1_keys.txt")
+
+# verl 0.9.1's spelling -> klguard's (verl's older) spelling of the same setting
+RENAMED = {
+    "reward.reward_model.enable": "reward_model.enable",
+    "reward.reward_model.model_path": "reward_model.model.path",
+    "reward.custom_reward_function.path": "custom_reward_function.path",
+    "reward.custom_reward_function.name": "custom_reward_function.name",
+    "reward.custom_reward_function.reward_kwargs": "custom_reward_function.reward_kwargs",  # and the keys under it
+}
+_LEGACY_SECTIONS = ("reward_model.", "custom_reward_function.")
+
+
+def _read(name: str) -> dict[str, str]:
+    text = resources.files("klguard").joinpath(f"resources/{name}").read_text()
+    pairs = (line.split(" = ", 1) for line in text.splitlines() if not line.startswith("#") and " = " in line)
+    return {key.strip(): default for key, default in pairs}
+
+
+@cache
+def verl_keys() -> frozenset[str]:
+    """Every key of either release."""
+    return frozenset(key for name in KEY_FILES for key in _read(name))
+
+
+@cache
+def _null_in_0_9_1() -> frozenset[str]:
+    """The older reward keys that verl 0.9.1 keeps with the default null (not set)."""
+    keys = _read("verl_0.9.1_keys.txt").items()
+    return frozenset(k for k, v in keys if k.startswith(_LEGACY_SECTIONS) and v == "None")
+
+
+def _rename(key: str) -> str:
+    for new, old in RENAMED.items():
+        if key == new or key.startswith(new + "."):
+            return old + key[len(new):]
+    return key
+
+
+def canonical(pairs: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """One layer's (key, value) pairs under klguard's names; two spellings of one key with two values are an error."""
+    seen: dict[str, tuple[str, Any]] = {}
+    for key, value in pairs:
+        name = _rename(key)
+        if value is None and (name != key or key in _null_in_0_9_1()):
+            continue
+        if name in seen and seen[name][0] != key and seen[name][1] != value:
+            first, first_value = seen[name]
+            raise ConfigError(f"{key}={value!r} and {first}={first_value!r} are one setting (verl 0.9.1's and the "
+                              "older spelling): give it once")
+        seen[name] = (key, value)
+        yield name, value
