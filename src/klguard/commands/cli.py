@@ -1,4 +1,5 @@
-"""Command line: `klguard train|eval|sft [--config FILE] [key=value ...]`, `klguard export CHECKPOINT OUT`."""
+"""Command line: `klguard train|eval|sft|demo|calibrate [--config FILE] [key=value ...]`,
+`klguard export CHECKPOINT OUT`, `klguard report RUN_DIR...`, `klguard watch PATH [--follow]`."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ from collections.abc import Callable, Sequence
 
 from klguard import __version__
 from klguard.errors import UserError
+from klguard.integrations.trainer_logs import FORMATS
 
 EPILOG = (
     "Overrides use verl's dotted syntax, e.g. algorithm.kl_ctrl.kl_coef=0.1 "
     "trainer.logger='[\"console\",\"tensorboard\"]'. `klguard train --print-config` shows every key."
 )
+
+
+WATCH_EPILOG = ("Example: klguard watch --follow $VERL_FILE_LOGGER_PATH guard.kl_hard_limit=0.2 || scancel $JOB. "
+                "The guard's keys as in `klguard train --describe-config`.")
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="klguard run directories or TRL output folders")
     report.add_argument("--out", metavar="FILE", help="output file (default: report.html in the first RUN_DIR)")
     report.add_argument("--debug", action="store_true", help="show full tracebacks")
+    watch = sub.add_parser("watch", help="the guard in advisory mode over any trainer's log: exit 0 calm, 3 when it "
+                           "would roll back or pause, 2 on bad input", epilog=WATCH_EPILOG)
+    watch.add_argument("path", metavar="PATH", help="a log file or folder: verl's file logger (.jsonl), TensorBoard "
+                       "event files (verl, OpenRLHF, TRL), TRL's trainer_state.json or output folder, a klguard run")
+    watch.add_argument("--follow", action="store_true", help="keep reading as the log grows (Ctrl-C: exit 0)")
+    watch.add_argument("--format", choices=FORMATS, help="the log's format (default: detected)")
+    watch.add_argument("--events", metavar="FILE", help="where decisions go (default: events.jsonl beside the log; "
+                       "watch_events.jsonl beside a klguard or TRL log, whose trainer writes its own)")
+    watch.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between reads with --follow")
+    watch.add_argument("--idle-exit", type=float, metavar="S", help="with --follow: stop, calm, once the log has not "
+                       "grown for S seconds (the run ended)")
+    watch.add_argument("--debug", action="store_true", help="show full tracebacks")
+    watch.add_argument("overrides", nargs="*", metavar="key=value",
+                       help="guard.*, algorithm.kl_ctrl.* (type, target_kl) and trainer.total_training_steps")
     return parser
 
 
@@ -75,7 +95,7 @@ def _load(args: argparse.Namespace):
     if engine != "hf":  # vLLM/SGLang launch lines run as they are: sampling is klguard's own
         ignored.append(f"actor_rollout_ref.rollout.name={engine} (klguard samples with hf)")
     if ignored:
-        print(f"klguard: warning: verl keys not applicable to klguard, ignored: {', '.join(ignored)}",
+        print(f"klguard: warning: {len(ignored)} verl keys not applicable to klguard, ignored: {', '.join(ignored)}",
               file=sys.stderr)
     if args.print_config:
         print(config_to_yaml(loaded.config), end="")
@@ -162,9 +182,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from klguard.commands.watch import Watch, WatchOptions
+
+    options = WatchOptions(follow=args.follow, fmt=args.format, events=Path(args.events) if args.events else None,
+                           interval=args.interval, idle_exit=args.idle_exit)
+    try:
+        return Watch(args.path, args.overrides, options).run()
+    except KeyboardInterrupt:
+        print("klguard watch: stopped by Ctrl-C; the guard stayed calm so far", file=sys.stderr)
+        return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": _cmd_train, "eval": _cmd_eval, "sft": _cmd_sft, "export": _cmd_export, "demo": _cmd_demo,
-    "calibrate": _cmd_calibrate, "report": _cmd_report,
+    "calibrate": _cmd_calibrate, "report": _cmd_report, "watch": _cmd_watch,
 }
 
 

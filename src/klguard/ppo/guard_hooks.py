@@ -8,14 +8,12 @@ the same actions (they follow from the same gathered metrics); only rank 0 write
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
 from klguard.distributed.sharded_checkpoint import copy_weights
 from klguard.guard import Action, KLGuard
+from klguard.runtime.events import append_event
 
 if TYPE_CHECKING:
     from klguard.config.schema import Config
@@ -95,10 +93,7 @@ class GuardHooks:
     def _record(self, action: Action) -> None:
         if not self.writes:
             return
-        record = action.to_dict()
-        with open(self.events_path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, sort_keys=True) + "\n")
-        tqdm.write(f"klguard guard [step {action.step}] {action.kind}: {action.reason}")
+        append_event(self.events_path, action.to_dict())
 
     def confirms(self, step: int) -> bool:
         """Whether step `step` found the weights it started from calm (no alarm, no rollback)."""
@@ -118,6 +113,4 @@ class GuardHooks:
             return
         record = {"step": step, "kind": "nonfinite_skip", "rule": "nonfinite", "where": where,
                   "reason": f"non-finite values in {where}: step {step} not applied"}
-        with open(self.events_path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, sort_keys=True) + "\n")
-        tqdm.write(f"klguard guard [step {step}] nonfinite_skip: {record['reason']}")
+        append_event(self.events_path, record)

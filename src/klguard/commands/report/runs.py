@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klguard.errors import UserError
-from klguard.integrations.metric_maps import to_klguard_names
+from klguard.integrations.trainer_logs import trainer_state_file, trl_steps
 
 VAL_HACKING_SUFFIX = "/hacking_rate/mean@1"
 
@@ -93,27 +93,10 @@ def load_run(path: str | Path, label: str | None = None) -> RunRecord:
     return RunRecord(label or folder.name, folder, [by_step[s] for s in sorted(by_step)], events)
 
 
-def _checkpoint_step(state: Path) -> int:
-    """checkpoint-N/trainer_state.json -> N (-1 for a folder not named so)."""
-    tail = state.parent.name.rpartition("-")[2]
-    return int(tail) if tail.isdigit() else -1
-
-
 def _trl_rows(folder: Path) -> list[dict]:
-    """The training steps of a TRL (transformers Trainer) output folder, under klguard's metric names: from the
-    trainer_state.json that reaches furthest (the folder's own, written by save_state, or the newest checkpoint's)."""
-    newest = max(folder.glob("checkpoint-*/trainer_state.json"), key=_checkpoint_step, default=None)
-    states = [s for s in (folder / "trainer_state.json", newest) if s is not None and s.is_file()]
-    found = []
-    for state in states:
-        try:
-            history = json.loads(state.read_text(encoding="utf-8"))["log_history"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"{state}: not a transformers trainer state ({exc.__class__.__name__})") from None
-        found.append(history)
-    if not found:
+    """The training steps of a TRL (transformers Trainer) output folder, under klguard's metric names."""
+    state = trainer_state_file(folder)
+    if state is None:
         raise UserError(f"{folder} is not a klguard run directory (no metrics.jsonl) nor a TRL output folder "
                         "(no trainer_state.json)")
-    history = max(found, key=lambda h: max((r.get("step", 0) for r in h), default=0))
-    return [{**to_klguard_names(r, "trl"), "step": int(r["step"])} for r in history
-            if "loss" in r and isinstance(r.get("step"), int)]
+    return [{**metrics, "step": step} for step, metrics in trl_steps(state)]

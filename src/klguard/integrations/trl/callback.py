@@ -17,7 +17,6 @@ decisions as an uninterrupted run. ``events.jsonl`` in ``args.output_dir`` lists
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from klguard.integrations.metric_maps import to_klguard_names
 from klguard.integrations.trl import trainer_ops
 from klguard.integrations.trl.settings import check_trainer, load_settings
 from klguard.ppo.checkpointing import truncate_logs
+from klguard.runtime.events import append_event
 
 STATE_VERSION = 1
 
@@ -237,10 +237,7 @@ class KLGuardCallback(TrainerCallback, ExportableState):
     def _record(self, action: Action, state) -> None:
         if not state.is_world_process_zero:
             return
-        self.events_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.events_path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(action.to_dict(), sort_keys=True) + "\n")
-        tqdm.write(f"klguard guard [step {action.step}] {action.kind}: {action.reason}")
+        append_event(self.events_path, action.to_dict())
 
     @staticmethod
     def _say(state, message: str) -> None:

@@ -7,7 +7,8 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from klguard.config import ConfigError, load_config
+from klguard.config import ConfigError
+from klguard.config.restricted import load_restricted
 from klguard.config.schema import KLCtrlConfig, TRLConfig
 from klguard.guard import GuardConfig
 
@@ -29,17 +30,8 @@ class CallbackSettings:
 
 def load_settings(overrides: Sequence[str]) -> CallbackSettings:
     """Parse ``overrides`` (``"key=value"`` strings, klguard's keys) into the callback's settings."""
-    if isinstance(overrides, str):
-        raise ConfigError("KLGuardCallback overrides must be a list of 'key=value' strings, not one string")
-    for item in overrides:
-        key = str(item).partition("=")[0].strip()
-        if key in REFUSED:
-            raise ConfigError(f"{key} does not apply to TRL: {REFUSED[key]}")
-        if "=" in str(item) and not key.startswith(KEY_PREFIXES):
-            takes = ", ".join(p + "*" for p in KEY_PREFIXES)
-            raise ConfigError(f"{key} is not a key of the TRL callback (it takes {takes}); set TRL's training "
-                              "settings in GRPOConfig")
-    config = load_config(overrides=list(overrides)).config
+    config = load_restricted(overrides, KEY_PREFIXES, who="the TRL callback", refused=REFUSED,
+                             elsewhere="set TRL's training settings in GRPOConfig")
     return CallbackSettings(config.guard, config.algorithm.kl_ctrl, config.trl)
 
 

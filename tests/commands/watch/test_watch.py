@@ -1,0 +1,170 @@
+"""`klguard watch`: the guard in advisory mode over logs written by the trainers' own writers."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from klguard.commands.cli import main
+
+BLOWUP = 8  # the step whose KL crosses guard.kl_hard_limit (0.1)
+
+
+def verl_step(step: int, kl: float | None = None) -> dict[str, float]:
+    """One PPO step as verl logs it, calm unless `kl` says otherwise."""
+    return {"actor/reward_kl_penalty": 0.01 if kl is None else kl, "actor/reward_kl_penalty_coeff": 0.05,
+            "actor/ppo_kl": 0.001, "critic/score/mean": 0.5 + 0.01 * step, "actor/grad_norm": 1.0,
+            "actor/entropy": 1.0, "response_length/mean": 10.0, "actor/pg_loss": -0.1}
+
+
+def steps(n: int, blowup: int | None = BLOWUP) -> list[tuple[int, dict[str, float]]]:
+    return [(s, verl_step(s, 0.5 if s == blowup else None)) for s in range(1, n + 1)]
+
+
+def verl_file_log(tmp_path, monkeypatch, rows) -> str:
+    """Written by verl's own Tracking, file backend (the `file` in trainer.logger)."""
+    from verl.utils.tracking import Tracking
+
+    path = tmp_path / "verl_logs" / "run.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    path.parent.mkdir()
+    tracker = Tracking("proj", "exp", default_backend=["file"])
+    for step, data in rows:
+        tracker.log(data, step=step)
+    tracker.logger["file"].finish()
+    return str(path)
+
+
+def test_a_hacking_verl_log_exits_3_at_the_blowup_step(tmp_path, monkeypatch, capsys):
+    path = verl_file_log(tmp_path, monkeypatch, steps(12))
+    assert main(["watch", path]) == 3
+    out = capsys.readouterr().out
+    assert f"the guard would stop the run at step {BLOWUP}; exit 3" in out
+    events = [json.loads(x) for x in (tmp_path / "verl_logs" / "events.jsonl").read_text().splitlines()]
+    assert events[0]["kind"] == "rollback" and events[0]["step"] == BLOWUP and events[0]["advisory"] is True
+    assert events[0]["metric"] == "actor/reward_kl_penalty" and events[0]["value"] == 0.5
+    assert {e["step"] for e in events} == {BLOWUP}  # nothing after the stop
+
+
+def test_a_calm_verl_log_exits_0(tmp_path, monkeypatch, capsys):
+    path = verl_file_log(tmp_path, monkeypatch, steps(12, blowup=None))
+    assert main(["watch", path, "--events", str(tmp_path / "e.jsonl")]) == 0
+    assert "12 steps read; the guard stayed calm" in capsys.readouterr().out
+    assert (tmp_path / "e.jsonl").read_text() == ""
+
+
+def test_guard_keys_change_the_decision(tmp_path, monkeypatch):
+    path = verl_file_log(tmp_path, monkeypatch, steps(12))
+    assert main(["watch", path, "guard.kl_hard_limit=0.6"]) == 0
+    assert main(["watch", path, "guard.enable=false"]) == 0
+
+
+def test_tensorboard_logs_of_verl_and_openrlhf(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    verl_dir, openrlhf_dir = tmp_path / "verl_tb", tmp_path / "openrlhf_tb"
+    with SummaryWriter(str(verl_dir)) as verl, SummaryWriter(str(openrlhf_dir)) as openrlhf:
+        for step, data in steps(12):
+            for key, value in data.items():
+                verl.add_scalar(key, value, step)
+            openrlhf.add_scalar("train/kl", data["actor/reward_kl_penalty"], step)  # OpenRLHF's names
+            openrlhf.add_scalar("train/reward", data["critic/score/mean"], step)
+            openrlhf.add_scalar("train/policy_loss", data["actor/pg_loss"], step)
+            openrlhf.add_scalar("train/response_length", data["response_length/mean"], step)
+    for folder in (verl_dir, openrlhf_dir):
+        assert main(["watch", str(folder)]) == 3
+        assert f"stop the run at step {BLOWUP}" in capsys.readouterr().out
+        event = json.loads((folder / "events.jsonl").read_text().splitlines()[0])
+        assert (event["kind"], event["metric"]) == ("rollback", "actor/reward_kl_penalty")
+
+
+def test_trl_trainer_state(tmp_path, capsys):
+    from transformers import TrainerState
+
+    history = [{"step": s, "loss": 0.1, "kl": d["actor/reward_kl_penalty"], "reward": d["critic/score/mean"],
+                "completions/mean_length": 10.0, "grad_norm": 1.0, "learning_rate": 1e-5} for s, d in steps(12)]
+    (tmp_path / "checkpoint-12").mkdir()
+    TrainerState(global_step=12, log_history=history).save_to_json(str(tmp_path / "checkpoint-12/trainer_state.json"))
+    assert main(["watch", str(tmp_path)]) == 3
+    assert f"stop the run at step {BLOWUP}" in capsys.readouterr().out
+    event = json.loads((tmp_path / "watch_events.jsonl").read_text().splitlines()[0])
+    assert event["metric"] == "actor/kl_loss"  # TRL's kl is a loss term
+
+
+def test_klguard_run_gives_the_trainers_own_decisions(tmp_path, fast_overrides):
+    """On a klguard run, watch with the run's guard settings takes the decisions its trainer took, up to the first
+    rollback or pause (where the trainer acted and watch stops)."""
+    run = tmp_path / "run"
+    same = ["guard.enable=true", "guard.kl_hard_limit=0.002", "trainer.total_training_steps=6"]
+    assert main(["train", *fast_overrides, *same]) == 0
+    own = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    stops = [i for i, e in enumerate(own) if e["kind"] in ("rollback", "pause")]
+    assert stops, "the tight kl_hard_limit must make the trainer roll back"
+    assert main(["watch", str(run), *same]) == 3
+    watched = [json.loads(x) for x in (run / "watch_events.jsonl").read_text().splitlines()]
+    keys = ("step", "kind", "rule", "metric", "value", "threshold")
+    end = stops[0]
+    while end + 1 < len(own) and own[end + 1]["step"] == own[stops[0]]["step"]:
+        end += 1  # the stop's step: the rollback and the tightening that goes with it
+    assert [tuple(e[k] for k in keys) for e in watched] == [tuple(e[k] for k in keys) for e in own[: end + 1]]
+
+
+def test_follow_reads_a_file_still_being_written(tmp_path, capsys):
+    path = tmp_path / "live.jsonl"
+    path.write_text("")
+
+    def trainer():
+        with open(path, "a", encoding="utf-8") as fh:
+            for step, data in steps(12):
+                fh.write(json.dumps({"step": step, "data": data}) + "\n")
+                fh.flush()
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    started = time.monotonic()
+    code = main(["watch", str(path), "--follow", "--interval", "0.02"])
+    thread.join()
+    assert code == 3 and time.monotonic() - started < 30
+    assert f"stop the run at step {BLOWUP}" in capsys.readouterr().out
+
+
+def test_follow_ends_calm_when_the_log_stops_growing(tmp_path, capsys):
+    path = tmp_path / "calm.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in steps(5, blowup=None)))
+    assert main(["watch", str(path), "--follow", "--interval", "0.02", "--idle-exit", "0.2"]) == 0
+    assert "5 steps read; the guard stayed calm" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("content", "args", "message"), [
+    (None, [], "does not exist"),
+    ("", [], "is empty: its format cannot be told yet"),
+    ("hello\n", [], "line 1 is not JSON"),
+    ('{"step": 1, "data": {}}\nnot json\n', [], "line 2 is not JSON"),
+    ('{"x": 1}\n', [], "line 1 is neither a klguard nor a verl metrics line"),
+    ('{"step": 1}\n', ["guard.kl_hard_limit=-1"], "guard.kl_hard_limit=-1.0 must be > 0"),
+    ('{"step": 1}\n', ["data.train_batch_size=8"], "data.train_batch_size is not a key of klguard watch"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, args, message):
+    path = tmp_path / "log.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["watch", str(path), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("klguard: error: ") and message in err[0], err
+
+
+def test_unknown_format_is_refused_by_the_parser(tmp_path):
+    (tmp_path / "log.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(SystemExit) as info:
+        main(["watch", str(tmp_path / "log.jsonl"), "--format", "csv"])
+    assert info.value.code == 2
+
+
+def test_ci_has_verl():
+    if os.environ.get("CI") == "true":
+        import verl  # noqa: F401  (CI installs klguard[verl]: the tests above use verl's own writer)
