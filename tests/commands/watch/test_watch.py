@@ -27,6 +27,8 @@ def steps(n: int, blowup: int | None = BLOWUP) -> list[tuple[int, dict[str, floa
 
 def verl_file_log(tmp_path, monkeypatch, rows) -> str:
     """Written by verl's own Tracking, file backend (the `file` in trainer.logger)."""
+    if os.environ.get("CI") != "true":  # CI installs klguard[verl]: there a missing verl fails the test
+        pytest.importorskip("verl")
     from verl.utils.tracking import Tracking
 
     path = tmp_path / "verl_logs" / "run.jsonl"
@@ -163,8 +165,3 @@ def test_unknown_format_is_refused_by_the_parser(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["watch", str(tmp_path / "log.jsonl"), "--format", "csv"])
     assert info.value.code == 2
-
-
-def test_ci_has_verl():
-    if os.environ.get("CI") == "true":
-        import verl  # noqa: F401  (CI installs klguard[verl]: the tests above use verl's own writer)
