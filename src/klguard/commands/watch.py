@@ -57,6 +57,7 @@ class Watch:
                              target_kl=kc.target_kl, kl_controlled=kc.type != "fixed")
         self.path, self.options, self.say = Path(path).expanduser(), options, say
         self.reader: LogReader | None = None
+        self.events: Path | None = None
         self.last_step: int | None = None
         self.decisions: list[Action] = []
 
@@ -64,11 +65,10 @@ class Watch:
         if not self.path.exists():
             raise UserError(f"{self.path} does not exist")
         self.reader = self._open()
-        events = self.options.events or events_path(self.reader)
-        events.parent.mkdir(parents=True, exist_ok=True)
-        events.write_text("")  # each watch judges the whole log again
-        self.events = events
-        self.say(f"klguard watch: {self.reader.path} ({self.reader.format}); decisions -> {events}")
+        self.events = self.options.events or events_path(self.reader)
+        self.events.parent.mkdir(parents=True, exist_ok=True)
+        self.events.write_text("")  # each watch judges the whole log again
+        self.say(f"klguard watch: {self.reader.path} ({self.reader.format}); decisions -> {self.events}")
         grown = time.monotonic()
         while True:
             steps = self.reader.poll(final=not self.options.follow)

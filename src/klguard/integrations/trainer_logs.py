@@ -114,11 +114,12 @@ class TrainerStateReader:
         self._last = -1
 
     def poll(self, final: bool = False) -> list[Step]:
-        file = self.path if self.path.is_file() else trainer_state_file(self.path)
+        found = ((self.path, None) if self.path.is_file() else _furthest_state(self.path)) or (None, None)
+        file, parsed = found
         if file is None or file.stat().st_mtime == self._mtime:
             return []
         self._mtime = file.stat().st_mtime
-        rows = [(step, data) for step, data in trl_steps(file) if step > self._last]
+        rows = [(step, data) for step, data in (parsed or trl_steps(file)) if step > self._last]
         if rows:
             self._last = rows[-1][0]
         return rows
@@ -127,9 +128,15 @@ class TrainerStateReader:
 def trainer_state_file(folder: Path) -> Path | None:
     """The trainer_state.json of a TRL output folder that reaches furthest: the folder's own (save_state) or its
     newest checkpoint's."""
+    found = _furthest_state(folder)
+    return None if found is None else found[0]
+
+
+def _furthest_state(folder: Path) -> tuple[Path, list[Step]] | None:
+    """That file and its parsed steps (each candidate is read once)."""
     newest = max(folder.glob("checkpoint-*/trainer_state.json"), key=_checkpoint_step, default=None)
-    states = [s for s in (folder / "trainer_state.json", newest) if s is not None and s.is_file()]
-    return max(states, key=lambda s: max((r for r, _ in trl_steps(s)), default=0), default=None)
+    states = [(s, trl_steps(s)) for s in (folder / "trainer_state.json", newest) if s is not None and s.is_file()]
+    return max(states, key=lambda found: max((r for r, _ in found[1]), default=0), default=None)
 
 
 def _checkpoint_step(state: Path) -> int:
