@@ -52,12 +52,12 @@ def test_verl_only_keys_are_collected_not_fatal():
 
 def test_verl_keys_warned_once_in_one_line(capsys):
     code = main(["train", "--print-config", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
-                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+                 "actor_rollout_ref.rollout.max_num_seqs=2"])
     captured = capsys.readouterr()
     assert code == 0
     warnings = [line for line in captured.err.splitlines() if "warning" in line]
     assert len(warnings) == 1
-    assert "gpu_memory_utilization" in warnings[0] and "tensor_model_parallel_size" in warnings[0]
+    assert "gpu_memory_utilization" in warnings[0] and "max_num_seqs" in warnings[0]
 
 
 def test_print_config_round_trips(tmp_path, capsys):

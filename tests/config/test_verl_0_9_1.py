@@ -72,9 +72,17 @@ def test_0_9_1_nulls_on_the_older_keys_mean_not_set():
 def test_renamed_keys_are_0_9_1_keys_and_ours():
     ours, free_form = _schema_keys()
     release = _read("verl_0.9.1_keys.txt")
-    for new, old in RENAMED.items():
-        assert new in release or new.endswith("reward_kwargs"), new  # reward_kwargs: verl reads it, lists none
-        assert old in ours | free_form, old
+    for new, old in RENAMED.items():  # a key, or a section (critic.fsdp: every key under it)
+        assert new in release or new.endswith("reward_kwargs") or any(k.startswith(new + ".") for k in release), new
+        assert old in ours | free_form or any(k.startswith(old + ".") for k in ours), old  # reward_kwargs: see above
+
+
+def test_0_9_1_critic_engine_keys_are_the_critic_fsdp_config():
+    cfg = load_config(None, ["critic.fsdp.fsdp_size=2", "critic.fsdp.turbo_config.distributed.tensor_parallel_size=1",
+                             "critic.fsdp.reshard_after_forward=false"]).config
+    sharding = cfg.critic.model.fsdp_config
+    assert (sharding.fsdp_size, sharding.reshard_after_forward) == (2, False)
+    assert sharding.turbo_config.distributed.tensor_parallel_size == 1
 
 
 def _verl_generated_yaml() -> Path | None:

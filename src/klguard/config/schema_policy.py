@@ -29,7 +29,7 @@ from klguard.config.fields import (
 BUILTIN_MODEL = "builtin://tiny-arith"
 """Sentinel model path: the tiny Llama warm-started by `klguard sft` on the built-in task (cached)."""
 
-Strategy = Literal["fsdp2", "fsdp", "none"]
+Strategy = Literal["fsdp2", "fsdp", "fsdp_turbo", "none"]
 DType = Literal["bfloat16", "bf16", "float32", "fp32", "auto"]
 LRScheduler = Literal["constant", "cosine"]
 RolloutName = Literal["hf", "vllm", "sglang"]
@@ -77,6 +77,33 @@ class OptimConfig:
             fail(f"{key}.betas", self.betas, "must be two numbers in [0, 1)")
 
 
+ACTOR_TP_KEY = "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.tensor_parallel_size"
+_TP_HELP = ("Ranks each decoder layer is split over (strategy=fsdp_turbo): q/k/v, gate and up by columns, o and "
+            "down by rows, the embedding and lm_head by vocabulary; FSDP2 shards over the other ranks")
+
+
+@dataclass
+class TurboDistributedConfig:
+    tensor_parallel_size: int = opt(1, _TP_HELP, rule=at_least(1))
+
+
+@dataclass
+class FollowingTurboDistributedConfig:
+    tensor_parallel_size: int = opt("${" + ACTOR_TP_KEY + "}", _TP_HELP + " (default: the actor's; verl: 1; klguard "
+                                    "runs one mesh, so it must equal the actor's)", rule=at_least(1))
+
+
+@dataclass
+class TurboConfig:
+    distributed: TurboDistributedConfig = section(TurboDistributedConfig, "Parallel sizes (verl 0.9.1 fsdp_turbo)")
+
+
+@dataclass
+class FollowingTurboConfig:
+    distributed: FollowingTurboDistributedConfig = section(
+        FollowingTurboDistributedConfig, "Parallel sizes (verl 0.9.1 fsdp_turbo; they follow the actor's)")
+
+
 @dataclass
 class ShardingConfig:
     fsdp_size: int = opt(
@@ -89,6 +116,8 @@ class ShardingConfig:
     reshard_after_forward: bool = opt(
         True, "Free each layer's gathered weights after its forward (less memory, one more all-gather in backward)"
     )
+    turbo_config: FollowingTurboConfig = section(FollowingTurboConfig,
+                                                 "strategy=fsdp_turbo: tensor parallelism inside FSDP2")
 
 
 @dataclass
@@ -105,6 +134,13 @@ class FSDPConfig(ShardingConfig):
             DType, bfloat16="autocast", bf16="= bfloat16", fp32="= float32",
             auto="bfloat16 on a GPU that has it, else float32") + " (verl: bfloat16; auto keeps CPU runs exact)"
     )
+    turbo_config: TurboConfig = section(TurboConfig, "strategy=fsdp_turbo: tensor parallelism inside FSDP2")
+
+
+@dataclass
+class CriticFSDPConfig(FSDPConfig):
+    turbo_config: FollowingTurboConfig = section(FollowingTurboConfig,
+                                                 "strategy=fsdp_turbo: tensor parallelism inside FSDP2")
 
 
 @dataclass
@@ -200,6 +236,13 @@ class RolloutConfig:
     ignore_eos: bool = opt(False, "Generate max_response_length tokens regardless of EOS")
     enforce_eager: bool = opt(True, "false: the decode step runs compiled (torch.compile, static KV cache); verl: "
                               "false, here true: compiling costs seconds per batch shape and needs a C++ compiler")
+    tensor_model_parallel_size: int = opt(
+        1, "Under tensor parallelism, ranks one rollout replica spans: 1 = each rank generates on a whole copy of "
+        "the policy gathered once a step, the actor's tensor_parallel_size = generation on the tp shards "
+        "(verl: 2, vLLM's); no effect without tensor parallelism", rule=at_least(1))
+    pipeline_model_parallel_size: int = opt(
+        1, "Pipeline stages: klguard has no pipeline parallelism (README: FSDP3D says why), so only 1",
+        rule=Rule(lambda v: v == 1, "must be 1: klguard has no pipeline parallelism (README, FSDP3D)"))
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling settings at validation")
 
     def check(self, key: str) -> None:
@@ -228,7 +271,8 @@ class CriticModelConfig:
     path: str | None = opt(None, "Critic model folder (null = actor_rollout_ref.model.path)")
     override_config: dict = opt({}, "Overrides applied to the critic's HF config")
     enable_gradient_checkpointing: bool = opt(False, "Recompute activations in backward (verl: true)")
-    fsdp_config: FSDPConfig = section(FSDPConfig, "Precision of the critic")
+    fsdp_config: CriticFSDPConfig = section(CriticFSDPConfig, "Precision and sharding of the critic (verl 0.9.1: "
+                                            "critic.fsdp.*, the same keys)")
 
 
 @dataclass

@@ -11,6 +11,9 @@ from typing import Any
 
 from klguard.algo.advantage import GROUP_ESTIMATORS
 from klguard.config.fields import check_tree, fail
+from klguard.config.roles import ROLES, SHARDING_KEYS, check_parallel, run_tp
+from klguard.config.roles import sharding as role_sharding
+from klguard.config.schema_policy import ACTOR_TP_KEY
 from klguard.config.schema import Config
 
 
@@ -20,6 +23,7 @@ def validate(cfg: Config) -> None:
     _check_estimator_needs(cfg)
     _check_batches(cfg)
     _check_reward_sources(cfg)
+    check_parallel(cfg)
 
 
 def _check_estimator_needs(cfg: Config) -> None:
@@ -58,26 +62,29 @@ def _check_reward_sources(cfg: Config) -> None:
         fail("proxy_reward.enable", True, "conflicts with reward_model.enable=true (both would set the score)")
 
 
-def _sharding_sections(cfg: Config) -> tuple[tuple[str, Any], ...]:
-    return (("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
-            ("actor_rollout_ref.ref.fsdp_config", cfg.actor_rollout_ref.ref.fsdp_config),
-            ("critic.model.fsdp_config", cfg.critic.model.fsdp_config))
-
-
 def validate_world(cfg: Config, world: int) -> None:
-    """Checks that need the number of ranks (torchrun's WORLD_SIZE), run when training starts: every
-    mini-batch splits evenly over the data-parallel ranks and the per-rank micro-batch divides its share."""
+    """Checks that need the number of ranks (torchrun's WORLD_SIZE), run when training starts: the tp size
+    divides the world, every mini-batch splits evenly over the data-parallel ranks (world / tp) and the per-rank
+    micro-batch divides its share."""
+    tp = run_tp(cfg)
+    if world % tp:
+        fail(ACTOR_TP_KEY, tp, f"must divide the world size {world} (WORLD_SIZE)")
+    dp = world // tp
+    ranks = f"{dp} data-parallel ranks (WORLD_SIZE {world} / tensor_parallel_size {tp})" if tp > 1 else \
+        f"{world} ranks (WORLD_SIZE)"
     n = cfg.actor_rollout_ref.rollout.n
     for prefix, section in _update_sections(cfg):
         rows = section.ppo_mini_batch_size * n
-        if rows % world:
+        if rows % dp:
             fail(f"{prefix}.ppo_mini_batch_size", section.ppo_mini_batch_size,
-                 f"x rollout.n={n} = {rows} rollouts does not split evenly over {world} ranks (WORLD_SIZE)")
+                 f"x rollout.n={n} = {rows} rollouts does not split evenly over {ranks}")
         micro = section.ppo_micro_batch_size_per_gpu
-        if micro is not None and (rows // world) % micro:
+        if micro is not None and (rows // dp) % micro:
             fail(f"{prefix}.ppo_micro_batch_size_per_gpu", micro,
-                 f"must divide the per-rank mini-batch of {rows // world} rollouts ({prefix}.ppo_mini_batch_size "
-                 f"x rollout.n / {world} ranks)")
-    for key, sharding in _sharding_sections(cfg):
-        if sharding.fsdp_size > 0 and world % sharding.fsdp_size:
-            fail(f"{key}.fsdp_size", sharding.fsdp_size, f"must divide the world size {world}")
+                 f"must divide the per-rank mini-batch of {rows // dp} rollouts ({prefix}.ppo_mini_batch_size "
+                 f"x rollout.n / {ranks})")
+    for role in ROLES:
+        size = role_sharding(cfg, role).fsdp_size
+        if size > 0 and dp % size:
+            fail(f"{SHARDING_KEYS[role]}.fsdp_size", size,
+                 f"must divide the {ranks}" if tp > 1 else f"must divide the world size {world}")

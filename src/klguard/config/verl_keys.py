@@ -4,7 +4,7 @@
 generated PPO config (both: `key = default`, one per line). A key of either that klguard does not implement is
 accepted and listed in the one "not applicable" warning.
 
-verl 0.9.1 moved the reward settings under `reward.`; klguard takes both spellings with one meaning and keeps the
+verl 0.9.1 moved the reward settings under `reward.` and the critic's engine settings to `critic.fsdp.`; klguard takes both spellings with one meaning and keeps the
 older one (its schema's) as the name. 0.9.1 still lists the older keys with the value null, meaning "not set":
 a null there is dropped, so that a whole 0.9.1 config file loads.
 """
@@ -27,6 +27,7 @@ RENAMED = {
     "reward.custom_reward_function.path": "custom_reward_function.path",
     "reward.custom_reward_function.name": "custom_reward_function.name",
     "reward.custom_reward_function.reward_kwargs": "custom_reward_function.reward_kwargs",  # and the keys under it
+    "critic.fsdp": "critic.model.fsdp_config",  # the critic's engine settings, every key under it
 }
 _LEGACY_SECTIONS = ("reward_model.", "custom_reward_function.")
 
@@ -39,8 +40,9 @@ def _read(name: str) -> dict[str, str]:
 
 @cache
 def verl_keys() -> frozenset[str]:
-    """Every key of either release."""
-    return frozenset(key for name in KEY_FILES for key in _read(name))
+    """Every key of either release, and under klguard's name where 0.9.1 renamed it."""
+    keys = {key for name in KEY_FILES for key in _read(name)}
+    return frozenset(keys | {_rename(key) for key in keys})
 
 
 @cache

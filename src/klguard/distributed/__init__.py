@@ -1,4 +1,5 @@
-"""Data-parallel training on torch.distributed: the process group (context), FSDP2 sharding (fsdp), which
+"""Data- and tensor-parallel training on torch.distributed: the process group (context), FSDP2 sharding (fsdp),
+tensor parallelism inside it (tensor_parallel), which
 rollouts each rank holds (layout), cross-rank reductions (collectives) and sharded checkpoints
 (sharded_checkpoint). One process runs the same code with every collective the identity."""
 
@@ -10,10 +11,17 @@ from klguard.distributed.collectives import (
     min_across_ranks,
     reduce_means,
 )
-from klguard.distributed.context import DistContext, barrier, init_distributed, is_distributed, shutdown
+from klguard.distributed.context import (
+    DistContext,
+    barrier,
+    data_parallel,
+    init_distributed,
+    is_distributed,
+    shutdown,
+)
 from klguard.distributed.layout import RowLayout, even_slice
 
 __all__ = [
-    "DistContext", "RowLayout", "any_rank", "assert_same_across_ranks", "barrier", "even_slice", "gather_objects",
+    "DistContext", "RowLayout", "any_rank", "assert_same_across_ranks", "barrier", "data_parallel", "even_slice", "gather_objects",
     "gather_rows", "init_distributed", "is_distributed", "min_across_ranks", "reduce_means", "shutdown",
 ]

@@ -14,24 +14,25 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from klguard.distributed.context import is_distributed
+from klguard.distributed.context import data_parallel, is_distributed
 
 
-def gather_objects(obj) -> list:
-    """`obj` of every rank, in rank order (one process: `[obj]`)."""
+def gather_objects(obj, group=None) -> list:
+    """`obj` of every rank of `group` (default: the world), in rank order (one process: `[obj]`)."""
     if not is_distributed():
         return [obj]
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
 def gather_rows(local: Tensor, index: Tensor | None = None) -> Tensor:
-    """Concatenate every rank's rows (dim 0); with `index` (each rank's global row numbers, see
-    RowLayout) the result is put back in global order. Ranks may hold different numbers of rows."""
+    """Concatenate every data-parallel rank's rows (dim 0); with `index` (each rank's global row numbers, see
+    RowLayout) the result is put back in global order. Ranks may hold different numbers of rows. The tp ranks
+    of a data-parallel group hold the same rows: each gathers from its own dp group, once."""
     if not is_distributed():
         return local
-    parts = gather_objects(local.detach().cpu())
+    parts = gather_objects(local.detach().cpu(), group=data_parallel()[0])
     rows = torch.cat(parts).to(local.device)
     if index is None:
         return rows
@@ -59,11 +60,13 @@ def min_across_ranks(value: int) -> int:
 
 
 def reduce_means(acc: dict[str, list[float]]) -> dict[str, float]:
-    """The mean of each key's values over all ranks' lists, weighted by list length."""
+    """The mean of each key's values over all data-parallel ranks' lists, weighted by list length (tp ranks hold
+    the same values: each dp group counts once)."""
     if not is_distributed():
         return {k: sum(v) / len(v) for k, v in acc.items() if v}
     totals: dict[str, list[float]] = {}
-    for part in gather_objects({k: (math.fsum(v), len(v)) for k, v in acc.items() if v}):
+    sums = {k: (math.fsum(v), len(v)) for k, v in acc.items() if v}
+    for part in gather_objects(sums, group=data_parallel()[0]):
         for key, (total, count) in part.items():
             entry = totals.setdefault(key, [0.0, 0])
             entry[0] += total

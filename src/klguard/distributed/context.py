@@ -5,6 +5,10 @@ Backend from the device: gloo on CPU, nccl on CUDA (each rank on `cuda:LOCAL_RAN
 that waits longer than `trainer.dist_timeout_s` raises instead of hanging; torchrun stops the other
 ranks as soon as one exits with an error.
 
+With tensor parallelism (`tp_size` > 1) the ranks form a (dp, tp) grid, tp ranks adjacent: rank = dp_rank * tp_size
++ tp_rank. The tp ranks of one dp group hold the same rows, so rows are split, gathered and reduced over the
+data-parallel group only (`data_parallel()`).
+
 Test hook: `KLGUARD_TEST_RAISE_ON_RANK=R:S` raises a RuntimeError on rank R at the start of step S+1,
 to test that one failing rank brings the whole job down. It does nothing when unset.
 """
@@ -23,12 +27,28 @@ from klguard.errors import ConfigError
 RAISE_ON_RANK_ENV = "KLGUARD_TEST_RAISE_ON_RANK"
 
 
+_DATA_PARALLEL: dict = {"group": None, "rank": 0, "size": 1}  # the group rows are split over (None: the world)
+
+
 @dataclass
 class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    tp_size: int = 1
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.tp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp_size
 
     @property
     def is_main(self) -> bool:
@@ -82,8 +102,9 @@ def _resolve_device(name: str, local_rank: int) -> torch.device:
     return device
 
 
-def init_distributed(device_name: str, timeout_s: float = 1800.0) -> DistContext:
-    """Join torchrun's process group (or stay one process) and pick this rank's device."""
+def init_distributed(device_name: str, timeout_s: float = 1800.0, tp_size: int = 1) -> DistContext:
+    """Join torchrun's process group (or stay one process), pick this rank's device and, with `tp_size` > 1,
+    make the data-parallel groups (ranks with the same tp_rank)."""
     world = world_size_from_env()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = _resolve_device(device_name, local_rank)
@@ -93,7 +114,20 @@ def init_distributed(device_name: str, timeout_s: float = 1800.0) -> DistContext
                                 device_id=device if device.type == "cuda" else None)
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-    return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+    ctx = DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device, tp_size=tp_size)
+    if tp_size > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (ctx.dp_size, tp_size), mesh_dim_names=("dp", "tp"))
+        _DATA_PARALLEL.update(group=mesh["dp"].get_group(), rank=ctx.dp_rank, size=ctx.dp_size)
+    return ctx
+
+
+def data_parallel() -> tuple[object | None, int, int]:
+    """(group, rank, size) of the data-parallel ranks: the world unless tensor parallelism is on."""
+    if _DATA_PARALLEL["group"] is None and is_distributed():
+        return None, dist.get_rank(), dist.get_world_size()
+    return _DATA_PARALLEL["group"], _DATA_PARALLEL["rank"], _DATA_PARALLEL["size"]
 
 
 def barrier() -> None:
@@ -104,6 +138,7 @@ def barrier() -> None:
 
 def shutdown() -> None:
     """Leave the process group (a no-op for one process)."""
+    _DATA_PARALLEL.update(group=None, rank=0, size=1)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

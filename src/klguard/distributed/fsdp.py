@@ -1,4 +1,5 @@
-"""FSDP2 sharding: `fully_shard` on every decoder layer (the model's `_no_split_modules`) and on the root.
+"""FSDP2 sharding: `fully_shard` on every decoder layer (the model's `_no_split_modules`) and on the root,
+after the tensor-parallel plan when there is one (klguard.distributed.tensor_parallel).
 
 `fsdp_size` < world size (and > 0) builds a 2-D (replicate x shard) mesh, HSDP; `strategy: none` with more
 than one rank replicates (a mesh of world x 1: every rank holds the whole model, gradients are averaged,
@@ -20,17 +21,31 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from klguard.distributed.context import DistContext
+from klguard.distributed.tensor_parallel import apply_tensor_parallel
 
 # FSDP2 warns about every model output that is a view (HF heads return some); klguard never edits one in place
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
 
 
 def build_mesh(ctx: DistContext, fsdp_size: int) -> DeviceMesh:
-    """1-D shard mesh over all ranks, or (world / fsdp_size) x fsdp_size for HSDP (fsdp_size = 1: DDP)."""
-    if fsdp_size <= 0 or fsdp_size >= ctx.world_size:
+    """1-D shard mesh over all ranks, or (world / fsdp_size) x fsdp_size for HSDP (fsdp_size = 1: DDP). With
+    tensor parallelism: (dp_replicate, dp_shard, tp), dp_shard = fsdp_size (-1: all dp ranks)."""
+    dp = ctx.dp_size
+    shard = dp if fsdp_size <= 0 or fsdp_size >= dp else fsdp_size
+    if ctx.tp_size > 1:
+        return init_device_mesh(ctx.device.type, (dp // shard, shard, ctx.tp_size),
+                                mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    if shard == dp:
         return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("fsdp",))
-    return init_device_mesh(ctx.device.type, (ctx.world_size // fsdp_size, fsdp_size),
-                            mesh_dim_names=("ddp", "fsdp"))
+    return init_device_mesh(ctx.device.type, (dp // shard, shard), mesh_dim_names=("ddp", "fsdp"))
+
+
+def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The dimensions FSDP2 shards (and, for HSDP, replicates) over: all but tp."""
+    names = [n for n in mesh.mesh_dim_names if n != "tp"]
+    if names == list(mesh.mesh_dim_names):
+        return mesh
+    return mesh[names[-1]] if mesh[names[0]].size() == 1 else mesh[tuple(names)]
 
 
 def _layer_classes(model: torch.nn.Module) -> set[str]:
@@ -41,14 +56,19 @@ def _layer_classes(model: torch.nn.Module) -> set[str]:
 
 
 def shard_model(model: torch.nn.Module, ctx: DistContext, *, strategy: str, fsdp_size: int, offload: bool,
-                reshard_after_forward: bool, param_dtype: torch.dtype | None) -> torch.nn.Module:
-    """`model` sharded in place (one process: returned as it is)."""
+                reshard_after_forward: bool, param_dtype: torch.dtype | None, tp: int = 1,
+                tp_key: str = "tensor_parallel_size") -> torch.nn.Module:
+    """`model` sharded in place (one process: returned as it is): split over the mesh's tp ranks when `tp` > 1
+    (klguard.distributed.tensor_parallel; with `tp` = 1 in a tensor-parallel run it is replicated over them),
+    then FSDP2 over the data-parallel ranks."""
     if not ctx.distributed:
         return model
     mesh = build_mesh(ctx, 1 if strategy == "none" else fsdp_size)
+    if tp > 1:
+        apply_tensor_parallel(model, mesh["tp"], tp_key)
     policy = CPUOffloadPolicy() if offload and ctx.device.type == "cuda" else OffloadPolicy()
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
-    kwargs = dict(mesh=mesh, offload_policy=policy, mp_policy=mp)
+    kwargs = dict(mesh=data_parallel_mesh(mesh), offload_policy=policy, mp_policy=mp)
     classes = _layer_classes(model)
     for module in model.modules():
         if type(module).__name__ in classes:

@@ -6,7 +6,7 @@ import torch
 
 from klguard.config import Config
 from klguard.data.dataset import RLDataset, collate_left_pad
-from klguard.distributed import even_slice, is_distributed
+from klguard.distributed import data_parallel, even_slice
 from klguard.model.loading import precision_scope
 from klguard.ppo.metrics import validation_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
@@ -36,7 +36,7 @@ def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, v
                                compile_step=not cfg.actor_rollout_ref.rollout.enforce_eager)
     model.eval()
     results = []
-    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if is_distributed() else (0, 1)
+    _, rank, world = data_parallel()  # the tp ranks of a dp group generate the same rows
     for start in range(0, len(rows), size):
         part = rows[start : start + size]
         ids, pmask = collate_left_pad(part, tokenizer.pad_token_id)

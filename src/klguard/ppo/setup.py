@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 
 from klguard.algo.kl import build_kl_controller
+from klguard.config.roles import role_tp, strategy, tp_key, uses_critic, uses_reference
+from klguard.config.roles import sharding as role_sharding
 from klguard.config.schema import BUILTIN_MODEL, Config, OptimConfig
 from klguard.data.arith import write_arith_parquet
 from klguard.data.dataset import load_rl_dataset
@@ -76,27 +78,17 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
 
 
 def _shard(model: torch.nn.Module, cfg: Config, ctx: DistContext, role: str) -> torch.nn.Module:
-    """FSDP2 for `role` (actor | critic | ref) as configured; the reference follows the actor's strategy."""
+    """Tensor parallelism and FSDP2 for `role` (actor | critic | ref) as configured; the reference follows the
+    actor's strategy and precision."""
     arr = cfg.actor_rollout_ref
-    strategy = cfg.critic.strategy if role == "critic" else arr.actor.strategy
-    sharding = {"actor": arr.actor.fsdp_config, "critic": cfg.critic.model.fsdp_config,
-                "ref": arr.ref.fsdp_config}[role]
+    role_strategy, sharding = strategy(cfg, role), role_sharding(cfg, role)
     dtype = cfg.critic.model.fsdp_config.dtype if role == "critic" else arr.actor.fsdp_config.dtype
-    if role == "ref" and strategy == "none":
+    if role == "ref" and role_strategy == "none":
         return model  # frozen: a whole copy on every rank needs no gradient averaging
-    return shard_model(model, ctx, strategy=strategy, fsdp_size=sharding.fsdp_size, offload=sharding.offload_policy,
-                       reshard_after_forward=sharding.reshard_after_forward,
-                       param_dtype=compute_dtype(dtype, ctx.device))
+    return shard_model(model, ctx, strategy=role_strategy, fsdp_size=sharding.fsdp_size,
+                       offload=sharding.offload_policy, reshard_after_forward=sharding.reshard_after_forward,
+                       param_dtype=compute_dtype(dtype, ctx.device), tp=role_tp(cfg, role), tp_key=tp_key(role))
 
-
-def uses_critic(cfg: Config) -> bool:
-    """critic.enable, or (null) whether the advantage estimator is GAE."""
-    return cfg.critic.enable if cfg.critic.enable is not None else cfg.algorithm.adv_estimator == "gae"
-
-
-def uses_reference(cfg: Config) -> bool:
-    """The reference policy is needed for the KL in the reward or for the KL loss."""
-    return cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
 
 
 def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: Path | None

@@ -23,6 +23,7 @@ from torch import Tensor
 from klguard.algo.advantage import compute_advantage
 from klguard.algo.reward_shaping import shape_rewards, token_level_scores
 from klguard.config import Config, ConfigError, config_to_yaml
+from klguard.config.roles import run_tp
 from klguard.config.validate import validate_world
 from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
@@ -70,7 +71,7 @@ class PPOTrainer:
         self.cfg = config
         tr = config.trainer
         validate_world(config, world_size_from_env())  # a batch that does not split fails before any rendezvous
-        self.dist = init_distributed(tr.device, tr.dist_timeout_s)  # torchrun's ranks, or one process
+        self.dist = init_distributed(tr.device, tr.dist_timeout_s, run_tp(config))  # torchrun's ranks, or one
         self.log = log if self.dist.is_main else _quiet  # only rank 0 logs and writes reports
         self.run_dir = Path(tr.default_local_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +157,7 @@ class PPOTrainer:
         rows = [self.train_data[i] for i in self.state.sampler.next_batch() for _ in range(n)]
         prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
         mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
-        layout = RowLayout(len(rows), mini_rows, self.dist.rank, self.dist.world_size)  # this rank's share
+        layout = RowLayout(len(rows), mini_rows, self.dist.dp_rank, self.dist.dp_size)  # this dp rank's share
         return PromptBatch(rows, torch.arange(len(rows)) // n, prompt_ids, prompt_mask, layout)
 
     def _rollout(self, prompts: PromptBatch, timing: dict[str, float]) -> RolloutBatch:
@@ -210,7 +211,7 @@ class PPOTrainer:
         the loss terms or grad norms whose mini-batch was not applied."""
         cfg, state = self.cfg, self.state
         actor_cfg, share = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model.share_prompt_forward
-        if self.dist.world_size > 1:
+        if self.dist.dp_size > 1:
             batch = batch.select(layout.index.to(batch.response_mask.device))
         batch.vpreds = vpreds
         metrics: dict[str, float] = {}
@@ -223,7 +224,7 @@ class PPOTrainer:
                                          share_prompt=share)
             state.critic_sched.step()
         if state.step >= cfg.trainer.critic_warmup:
-            mini = actor_cfg.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.world_size
+            mini = actor_cfg.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.dp_size
             with _timed(timing, "update_actor"):
                 metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg, mini_batch_size=mini,
                                         temperature=cfg.actor_rollout_ref.rollout.temperature, generator=gen,
@@ -237,7 +238,7 @@ class PPOTrainer:
     def _critic_mini_batch(self) -> int:
         """Rollouts per critic optimizer step on this rank."""
         cfg = self.cfg
-        return cfg.critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.world_size
+        return cfg.critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.dp_size
 
     def validate(self) -> dict[str, float]:
         with unsharded(self.state.actor, self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward, {}):
@@ -246,15 +247,18 @@ class PPOTrainer:
     # ------------------------------------------------------------------ checks
     def check_ranks(self, step: int, metrics: dict[str, float]) -> None:
         """trainer.debug: assert that every rank holds the same KL coefficient, guard state and metrics, and
-        write each rank's coefficient and share of the actor's parameters to `rank_checks.jsonl`."""
+        write each rank's coefficient, mesh coordinates and share of the actor's parameters to
+        `rank_checks.jsonl`."""
         same = {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
         state = self.state
         same |= {"kl_coef": state.kl_ctrl.value, "kl_frozen": float(state.kl_frozen), "lr_scale": state.lr_scale,
                  "paused": float(self.guard.pause_reason is not None), "reference_step": float(state.reference_step)}
         ranks = assert_same_across_ranks(same, f"step {step}")
         params = gather_objects(local_numel(state.actor))
+        coords = gather_objects((self.dist.dp_rank, self.dist.tp_rank))  # each rank's place on the (dp, tp) mesh
         if self.dist.is_main:
             record = {"step": step, "kl_coef": [r["kl_coef"] for r in ranks], "actor_params": params,
+                      "dp_rank": [c[0] for c in coords], "tp_rank": [c[1] for c in coords],
                       "actor_params_total": sum(p.numel() for p in state.actor.parameters())}
             with open(self.run_dir / "rank_checks.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")

@@ -18,12 +18,12 @@ from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor
 
 from klguard.algo.kl import kl_penalty
 from klguard.algo.loss import agg_loss, compute_policy_loss, compute_value_loss
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.distributed import any_rank, is_distributed, reduce_means
+from klguard.distributed.grad_clip import clip_grad_norm
 from klguard.ppo.shared_prefix import sequence_logprobs, sequence_values
 
 
@@ -88,8 +88,7 @@ def check_finite(tensors: dict[str, Tensor | None], mask: Tensor | None = None) 
 def _apply_step(params: list[Tensor], optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
     """Clip, then step only when the gradient norm is finite; returns the pre-clip norm."""
     max_norm = grad_clip if grad_clip > 0 else math.inf
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # sharded: the global norm
+    grad_norm = clip_grad_norm(params, max_norm)  # sharded: the global norm
     if math.isfinite(grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,74 @@
+"""The models a run builds (actor, reference, critic) and how each is split over the ranks.
+
+Tensor parallelism (`strategy: fsdp_turbo`) runs on one (dp, tp) grid whose tp size is the actor's. The
+reference and the critic are split over the same tp ranks (their default follows the actor's), or kept whole on
+each of them with tp = 1; any other size is refused.
+"""
+
+from __future__ import annotations
+
+from klguard.config.fields import fail
+from klguard.config.schema import Config
+from klguard.config.schema_policy import ACTOR_TP_KEY
+
+ROLES = ("actor", "ref", "critic")
+_TP_SUFFIX = ".turbo_config.distributed.tensor_parallel_size"
+SHARDING_KEYS = {"actor": "actor_rollout_ref.actor.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config",
+                 "critic": "critic.model.fsdp_config"}
+STRATEGY_KEYS = {"actor": "actor_rollout_ref.actor.strategy", "ref": "actor_rollout_ref.actor.strategy",
+                 "critic": "critic.strategy"}
+assert SHARDING_KEYS["actor"] + _TP_SUFFIX == ACTOR_TP_KEY
+
+
+def uses_critic(cfg: Config) -> bool:
+    """critic.enable, or (null) whether the advantage estimator is GAE."""
+    return cfg.critic.enable if cfg.critic.enable is not None else cfg.algorithm.adv_estimator == "gae"
+
+
+def uses_reference(cfg: Config) -> bool:
+    """The reference policy is needed for the KL in the reward or for the KL loss."""
+    return cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
+
+
+def sharding(cfg: Config, role: str):
+    arr = cfg.actor_rollout_ref
+    return {"actor": arr.actor.fsdp_config, "ref": arr.ref.fsdp_config, "critic": cfg.critic.model.fsdp_config}[role]
+
+
+def strategy(cfg: Config, role: str) -> str:
+    """The role's strategy; the reference follows the actor's (as verl's ref.strategy)."""
+    return cfg.critic.strategy if role == "critic" else cfg.actor_rollout_ref.actor.strategy
+
+
+def tp_key(role: str) -> str:
+    return SHARDING_KEYS[role] + _TP_SUFFIX
+
+
+def role_tp(cfg: Config, role: str) -> int:
+    return sharding(cfg, role).turbo_config.distributed.tensor_parallel_size
+
+
+def run_tp(cfg: Config) -> int:
+    """The tp size of the run's (dp, tp) grid: the actor's."""
+    return role_tp(cfg, "actor")
+
+
+def built_roles(cfg: Config) -> tuple[str, ...]:
+    return ("actor",) + (("ref",) if uses_reference(cfg) else ()) + (("critic",) if uses_critic(cfg) else ())
+
+
+def check_parallel(cfg: Config) -> None:
+    """Each built model's tp size is the run's or 1, and only strategy fsdp_turbo splits a model."""
+    tp = run_tp(cfg)
+    for role in built_roles(cfg):
+        size = role_tp(cfg, role)
+        if size > 1 and strategy(cfg, role) != "fsdp_turbo":
+            fail(tp_key(role), size, f"needs {STRATEGY_KEYS[role]}=fsdp_turbo (got {strategy(cfg, role)}), or set "
+                 "it to 1")
+        if role != "actor" and size not in (1, tp):
+            fail(tp_key(role), size, f"must be the actor's tensor_parallel_size ({tp}) or 1: klguard runs one "
+                 "(dp, tp) mesh")
+    rollout_tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if tp > 1 and rollout_tp not in (1, tp):
+        fail("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp,
+             f"must be 1 (a whole copy per rank) or the actor's tensor_parallel_size ({tp})")
