@@ -48,7 +48,8 @@ def step_tol(before: torch.Tensor, after: torch.Tensor, terms: int) -> float:
 # Training runs that differ by rounding only (1 vs 2 ranks, shared vs plain prompt forwards, compiled vs eager
 # decode): for each compared metric, the logged values whose magnitude bounds its per-token terms (default: the
 # metric itself). pg_loss's terms are -A x ratio, vf_loss's 0.5 (v - R)^2, the KL metrics' differences of log-probs
-# (|log-prob| ~ the entropy), a mean's its entries.
+# (|log-prob| ~ the entropy), a mean's its entries (`X/mean`: by default `X/max` and `X/min` too, so that a mean near 0
+# by cancellation, as the whitened advantages', is compared at its entries' scale).
 METRIC_SCALES = {
     "actor/pg_loss": ("actor/pg_loss", "critic/advantages/max", "critic/advantages/min"),
     "actor/kl_loss": ("actor/kl_loss", "actor/entropy"),
@@ -68,6 +69,6 @@ def metric_tol(records: list[dict], key: str, step: int, rows: int, model_terms:
     s - 1 before it (validation before training, step 0: exact)."""
     at = next(r for r in records if r["step"] == step)
     positions = rows * (at.get("prompt_length/max", 0) + at.get("response_length/max", 0))
-    scale = max((abs(r[k]) for r in records if r["step"] for k in METRIC_SCALES.get(key, (key,)) if k in r),
-                default=0.0)
+    scales = METRIC_SCALES.get(key, (key,) + ((key[:-4] + "max", key[:-4] + "min") if key.endswith("/mean") else ()))
+    scale = max((abs(r[k]) for r in records if r["step"] for k in scales if k in r), default=0.0)
     return step * (model_terms + positions) * EPS32 * scale

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from dist_runs import TRAIN, run, why
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dist_base(tmp_path_factory) -> list[str]:
     """A few-second run: tiny SFT, 16 prompts a step in mini-batches of 8 and micro-batches of 4 (a rank's share of
     a mini-batch is one micro-batch of the one-process run, so both sum the same gradients), adaptive KL."""
@@ -19,3 +22,12 @@ def dist_base(tmp_path_factory) -> list[str]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
         "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=50", "algorithm.kl_ctrl.kl_coef=0.2",
     ]
+
+
+@pytest.fixture(scope="session")
+def one_rank(dist_base, tmp_path_factory) -> Path:
+    """The one-process run every multi-rank layout is compared with (4 steps, a checkpoint each)."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    proc = run(TRAIN, dist_base, out)
+    assert proc.returncode == 0, why(proc)
+    return out

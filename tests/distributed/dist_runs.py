@@ -1,15 +1,29 @@
-"""Helpers for the distributed tests: `klguard train` as one process or as 2 ranks under torchrun."""
+"""Helpers for the distributed tests: `klguard train` as one process or as ranks under torchrun, and the
+comparison of two runs' metrics within float32 rounding (tests/tolerances.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from klguard.model.char_tokenizer import build_char_tokenizer
+from klguard.model.tiny import build_tiny_llama
+from tolerances import forward_terms, metric_tol
+
 TRAIN = [sys.executable, "-m", "klguard", "train"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "klguard",
             "train"]
+TORCHRUN_4 = [arg.replace("--nproc_per_node=2", "--nproc_per_node=4") for arg in TORCHRUN]
+COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/reward_kl_penalty_coeff", "actor/reward_kl_penalty",
+            "critic/vf_loss", "actor/grad_norm")
+POLICY_TERMS = forward_terms(build_tiny_llama(build_char_tokenizer()))  # the SFT policy (and critic) of every run
+ROWS = 16  # rollouts a step: 16 prompts (dist_base), or 4 prompts x rollout.n = 4
 
 
 def run(cmd: list[str], overrides: list[str], run_dir: Path, timeout: float = 240,
@@ -26,3 +40,35 @@ def why(proc: subprocess.CompletedProcess) -> str:
     keep = [line for line in proc.stderr.splitlines()
             if any(w in line for w in ("klguard:", "Error", "error", "terminate", "what()"))]
     return "\n".join(keep[-30:]) + "\n...\n" + proc.stderr[-1500:]
+
+
+def records(run_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def same_metrics(ref: Path, other: Path, steps: range, keys: tuple[str, ...] | None = None) -> float:
+    """Assert that run `other` logged run `ref`'s `keys` (default COMPARED; () = every metric but timings) at
+    `steps` within float32 rounding; returns the largest difference seen."""
+    a, b = records(ref), records(other)
+    worst = 0.0
+    for step in steps:
+        if keys == ():
+            names = [k for k in a[step] if not k.startswith(("timing_s/", "perf/"))]
+        else:
+            names = keys or COMPARED
+        assert set(names) <= b[step].keys(), (step, set(names) - b[step].keys())
+        for key in names:
+            tol = metric_tol(list(a.values()), key, step, ROWS, POLICY_TERMS)
+            assert b[step][key] == pytest.approx(a[step][key], rel=0, abs=tol), (step, key)
+            worst = max(worst, abs(b[step][key] - a[step][key]))
+    return worst
+
+
+def cut_back(src: Path, dst: Path, step: int) -> Path:
+    """A copy of run `src` as if it had stopped after checkpoint `step`."""
+    shutil.copytree(src, dst)
+    for folder in dst.glob("global_step_*"):
+        if int(folder.name.rsplit("_", 1)[1]) > step:
+            shutil.rmtree(folder)
+    (dst / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return dst

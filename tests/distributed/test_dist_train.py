@@ -18,37 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_runs import TORCHRUN, TRAIN, run, why
-
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.tiny import build_tiny_llama
-from tolerances import forward_terms, metric_tol
-
-COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/reward_kl_penalty_coeff", "actor/reward_kl_penalty",
-            "critic/vf_loss", "actor/grad_norm")
-POLICY_TERMS = forward_terms(build_tiny_llama(build_char_tokenizer()))  # the SFT policy (and critic) of every run
-ROWS = 16  # rollouts a step: 16 prompts (dist_base), or 4 prompts x rollout.n = 4
-
-
-def _records(run_dir: Path) -> dict[int, dict]:
-    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
-
-
-def _assert_same_metrics(ref: Path, other: Path, steps: range) -> None:
-    a, b = _records(ref), _records(other)
-    for step in steps:
-        for key in COMPARED:
-            tol = metric_tol(list(a.values()), key, step, ROWS, POLICY_TERMS)
-            assert b[step][key] == pytest.approx(a[step][key], rel=0, abs=tol), (step, key)
-
-
-@pytest.fixture(scope="module")
-def one_rank(dist_base, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("one") / "run"
-    proc = run(TRAIN, dist_base, out)
-    assert proc.returncode == 0, why(proc)
-    return out
-
+from dist_runs import TORCHRUN, TRAIN, cut_back, run, same_metrics, why
+from dist_runs import records as _records
 
 @pytest.fixture(scope="module")
 def two_ranks(dist_base, tmp_path_factory) -> Path:
@@ -59,7 +30,7 @@ def two_ranks(dist_base, tmp_path_factory) -> Path:
 
 
 def test_two_ranks_match_one_rank(one_rank, two_ranks):
-    _assert_same_metrics(one_rank, two_ranks, range(1, 5))
+    same_metrics(one_rank, two_ranks, range(1, 5))
     coeffs = [r["actor/reward_kl_penalty_coeff"] for r in _records(two_ranks).values() if r["step"]]
     assert len(set(coeffs)) > 1  # the adaptive controller moved it: the check is not vacuous
     checks = [json.loads(line) for line in (two_ranks / "rank_checks.jsonl").read_text().splitlines()]
@@ -98,25 +69,15 @@ def test_eval_reads_a_sharded_checkpoint(two_ranks, dist_base, capsys):
     assert float(printed[key]) == pytest.approx(_records(two_ranks)[4][key], abs=1e-4)
 
 
-def _cut_back(src: Path, dst: Path, step: int) -> Path:
-    """A copy of run `src` as if it had stopped after checkpoint `step`."""
-    shutil.copytree(src, dst)
-    for folder in dst.glob("global_step_*"):
-        if int(folder.name.rsplit("_", 1)[1]) > step:
-            shutil.rmtree(folder)
-    (dst / "latest_checkpointed_iteration.txt").write_text(str(step))
-    return dst
-
-
 @pytest.mark.parametrize("written_at", [2, pytest.param(1, marks=pytest.mark.slow)])
 def test_checkpoint_resumes_at_the_other_world_size(written_at, one_rank, two_ranks, dist_base, tmp_path):
     src, cmd = (two_ranks, TRAIN) if written_at == 2 else (one_rank, TORCHRUN)
-    resumed = _cut_back(src, tmp_path / "run", 2)
+    resumed = cut_back(src, tmp_path / "run", 2)
     proc = run(cmd, dist_base, resumed)
     assert proc.returncode == 0, why(proc)
     assert "resumed from" in proc.stderr
     assert sorted(_records(resumed)) == [1, 2, 3, 4]
-    _assert_same_metrics(one_rank, resumed, range(3, 5))  # continues as the uninterrupted one-process run
+    same_metrics(one_rank, resumed, range(3, 5))  # continues as the uninterrupted one-process run
 
 
 def test_a_failing_rank_stops_every_rank(dist_base, tmp_path):
@@ -145,7 +106,7 @@ def test_grpo_groups_with_shared_prompt_forwards_match_one_rank(dist_base, tmp_p
         runs[name] = tmp_path / name
         proc = run(cmd, grpo, runs[name])
         assert proc.returncode == 0, why(proc)
-    _assert_same_metrics(runs["one"], runs["two"], range(1, 3))
+    same_metrics(runs["one"], runs["two"], range(1, 3))
     assert _records(runs["two"])[2]["actor/kl_loss"] > 0
 
 

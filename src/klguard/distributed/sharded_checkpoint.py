@@ -20,6 +20,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from klguard.distributed.collectives import any_rank
+from klguard.distributed.context import is_distributed
 from klguard.distributed.fsdp import is_sharded
 
 FULL = StateDictOptions(full_state_dict=True)
@@ -40,7 +42,19 @@ def save_model(model: torch.nn.Module, folder: Path) -> None:
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=folder)
 
 
+NO_STEP_YET = "no_step_yet"
+"""Marker file of an optimizer folder whose optimizer had no state (fresh, or cleared by a rollback to the initial
+policy). `get_optimizer_state_dict` would invent one (a zero-gradient step at lr 0, so AdamW's step count would be
+1 ahead and its first real update smaller than a fresh optimizer's), so nothing else is written."""
+
+
 def save_optimizer(model: torch.nn.Module, optim: torch.optim.Optimizer, folder: Path) -> None:
+    """Collective: every rank writes its shards of the optimizer state (or, with none yet, rank 0 the marker)."""
+    if not any_rank(bool(optim.state)):
+        if not is_distributed() or torch.distributed.get_rank() == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / NO_STEP_YET).write_text("the optimizer had taken no step\n")
+        return
     dcp.save({"optim": get_optimizer_state_dict(model, optim)}, checkpoint_id=folder)
 
 
@@ -80,7 +94,9 @@ def _by_name(model: torch.nn.Module, state: dict) -> dict:
 def load_optimizer(model: torch.nn.Module, optim: torch.optim.Optimizer, folder: Path,
                    read_plain: Callable[[], dict]) -> None:
     """Optimizer state from a DCP folder, or from `read_plain()` (the single-process layout)."""
-    if is_dcp(folder):
+    if (folder / NO_STEP_YET).is_file():
+        optim.state.clear()
+    elif is_dcp(folder):
         state = {"optim": get_optimizer_state_dict(model, optim)}
         _load(state, folder)
         set_optimizer_state_dict(model, optim, state["optim"])

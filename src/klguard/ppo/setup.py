@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from klguard.algo.kl import build_kl_controller
-from klguard.config.roles import role_tp, strategy, tp_key, uses_critic, uses_reference
+from klguard.config.roles import role_tp, run_tp, strategy, tp_key, uses_critic, uses_reference
 from klguard.config.roles import sharding as role_sharding
 from klguard.config.schema import BUILTIN_MODEL, Config, OptimConfig
 from klguard.data.arith import write_arith_parquet
@@ -19,6 +19,7 @@ from klguard.distributed.fsdp import shard_model
 from klguard.distributed.sharded_checkpoint import is_dcp
 from klguard.model.loading import check_model_folder, compute_dtype, load_critic, load_policy
 from klguard.ppo.checkpointing import REFERENCE_DIR
+from klguard.ppo.generation_weights import GenerationWeights
 from klguard.ppo.state import TrainState
 from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
 
@@ -111,6 +112,17 @@ def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: P
         critic = load_critic(policy_path, cfg, device=device, resume_path=hf_folder("critic"))
         critic = _shard(critic, cfg, ctx, "critic")
     return actor, ref, critic
+
+
+def generation_weights(cfg: Config, actor: torch.nn.Module, policy_path: Path,
+                       device: torch.device) -> GenerationWeights:
+    """What the rollout generates with: the actor, or under tensor parallelism with
+    rollout.tensor_model_parallel_size=1 a whole frozen replica of it on each rank."""
+    arr = cfg.actor_rollout_ref
+    replica = None
+    if run_tp(cfg) > 1 and arr.rollout.tensor_model_parallel_size == 1:
+        replica = lambda: load_policy(policy_path, cfg, trainable=False, device=device)  # noqa: E731
+    return GenerationWeights(actor, arr.actor.fsdp_config.reshard_after_forward, replica)
 
 
 def build_train_state(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: Path | None,

@@ -29,14 +29,20 @@ from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
 from klguard.distributed import RowLayout, any_rank, assert_same_across_ranks, gather_objects, init_distributed
 from klguard.distributed.context import world_size_from_env
-from klguard.distributed.fsdp import local_numel, unsharded
+from klguard.distributed.fsdp import local_numel
 from klguard.model.loading import load_tokenizer, precision_scope
 from klguard.ppo.checkpointing import Checkpoints
 from klguard.ppo.guard_hooks import GuardHooks
 from klguard.ppo.metrics import rollout_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
 from klguard.ppo.scoring import score_rollout, validate_policy
-from klguard.ppo.setup import build_datasets, build_train_state, resolve_model_path, resolve_tokenizer_path
+from klguard.ppo.setup import (
+    build_datasets,
+    build_train_state,
+    generation_weights,
+    resolve_model_path,
+    resolve_tokenizer_path,
+)
 from klguard.ppo.shared_prefix import sequence_logprobs, sequence_values
 from klguard.ppo.update import (
     NonFiniteError,
@@ -98,6 +104,7 @@ class PPOTrainer:
                                        policy_path=self.policy_path, log=self.log)
         resume_from = self.checkpoints.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)
         self.state = build_train_state(config, self.dist, self.policy_path, resume_from, sampler, self.total_steps)
+        self.generation_weights = generation_weights(config, self.state.actor, self.policy_path, self.device)
         self.guard = GuardHooks(config, self.state, self.checkpoints, total_steps=self.total_steps,
                                 run_dir=self.run_dir, writes=self.dist.is_main, log=self.log)
         self.profiler = build_profiler(config, self.dist.rank, self.device, self.log)
@@ -161,11 +168,11 @@ class PPOTrainer:
         return PromptBatch(rows, torch.arange(len(rows)) // n, prompt_ids, prompt_mask, layout)
 
     def _rollout(self, prompts: PromptBatch, timing: dict[str, float]) -> RolloutBatch:
-        """Sampled with the KV cache from this rank's rows, gathered; the actor unsharded around it."""
-        actor, reshard = self.state.actor, self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward
-        with unsharded(actor, reshard, timing), precision_scope(actor):
-            actor.eval()
-            return generate_rows(actor, prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
+        """Sampled with the KV cache from this rank's rows, gathered; on the actor's weights, gathered for it
+        (klguard.ppo.generation_weights)."""
+        with self.generation_weights(timing) as model, precision_scope(model):
+            model.eval()
+            return generate_rows(model, prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
                                  prompts.layout.index, prompts.layout.order, self.sampling,
                                  generator=step_generator(self.cfg.trainer.seed, self.state.step, 0, self.device))
 
@@ -241,8 +248,8 @@ class PPOTrainer:
         return cfg.critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.dp_size
 
     def validate(self) -> dict[str, float]:
-        with unsharded(self.state.actor, self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward, {}):
-            return validate_policy(self.state.actor, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
+        with self.generation_weights({}) as model:
+            return validate_policy(model, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
 
     # ------------------------------------------------------------------ checks
     def check_ranks(self, step: int, metrics: dict[str, float]) -> None:
