@@ -116,3 +116,17 @@ def test_global_profiler_traces_on_the_chosen_rank(dist_base, tmp_path):
                           "global_profiler.steps=[2]", "actor_rollout_ref.actor.profiler.ranks=[1]"], out)
     assert proc.returncode == 0, why(proc)
     assert sorted(p.name for p in (out / "profile" / "step_2").iterdir()) == ["rank1.pt.trace.json.gz", "rank1.txt"]
+
+
+def test_one_process_with_offload_runs_fsdp2_on_a_one_rank_mesh(one_rank, dist_base, tmp_path):
+    """actor.fsdp_config.offload_policy=true in one process: FSDP2 over one rank (CPUOffloadPolicy on a GPU; on a
+    CPU nothing is offloaded), the same numbers, DCP checkpoints that the plain one-process layout resumes."""
+    out = tmp_path / "run"
+    proc = run(TRAIN, [*dist_base, "actor_rollout_ref.actor.fsdp_config.offload_policy=true",
+                       "trainer.total_training_steps=2"], out)
+    assert proc.returncode == 0, why(proc)
+    same_metrics(one_rank, out, range(1, 3), keys=())
+    assert sorted(p.name for p in (out / "global_step_2" / "actor").glob("*.distcp")) == ["__0_0.distcp"]
+    proc = run(TRAIN, [*dist_base, "trainer.total_training_steps=3"], out)  # resumed unsharded
+    assert proc.returncode == 0, why(proc)
+    same_metrics(one_rank, out, range(3, 4))

@@ -111,7 +111,8 @@ class ShardingConfig:
         rule=Rule(lambda v: v == -1 or v >= 1, "must be -1 (all ranks) or >= 1"),
     )
     offload_policy: bool = opt(
-        False, "Keep parameters, gradients and optimizer states on the CPU (FSDP2 CPUOffloadPolicy; CUDA only)"
+        False, "Keep parameters, gradients and optimizer states on the CPU (FSDP2 CPUOffloadPolicy; CUDA only). The "
+        "actor's key also turns FSDP2 on in one process (a one-rank mesh; on a CPU nothing is offloaded)"
     )
     reshard_after_forward: bool = opt(
         True, "Free each layer's gathered weights after its forward (less memory, one more all-gather in backward)"

@@ -37,6 +37,12 @@ class DistContext:
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tp_size: int = 1
+    one_rank_fsdp: bool = False  # one process with FSDP2 on a one-rank mesh (for CPU offload on one GPU)
+
+    @property
+    def shards(self) -> bool:
+        """Models go through FSDP2: several ranks, or one rank that asked for it."""
+        return self.distributed or self.one_rank_fsdp
 
     @property
     def dp_rank(self) -> int:
@@ -102,19 +108,25 @@ def _resolve_device(name: str, local_rank: int) -> torch.device:
     return device
 
 
-def init_distributed(device_name: str, timeout_s: float = 1800.0, tp_size: int = 1) -> DistContext:
+def init_distributed(device_name: str, timeout_s: float = 1800.0, tp_size: int = 1,
+                     one_rank_fsdp: bool = False) -> DistContext:
     """Join torchrun's process group (or stay one process), pick this rank's device and, with `tp_size` > 1,
-    make the data-parallel groups (ranks with the same tp_rank)."""
+    make the data-parallel groups (ranks with the same tp_rank). `one_rank_fsdp`: one process still gets a
+    (one-rank) process group, so that FSDP2 and its CPU offload can wrap the models."""
     world = world_size_from_env()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = _resolve_device(device_name, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
+    elif one_rank_fsdp and not dist.is_initialized():  # no torchrun needed: an in-memory store for one rank
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=timeout_s))
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-    ctx = DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device, tp_size=tp_size)
+    ctx = DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device, tp_size=tp_size,
+                      one_rank_fsdp=one_rank_fsdp and world == 1)
     if tp_size > 1:
         from torch.distributed.device_mesh import init_device_mesh
 

@@ -4,8 +4,10 @@ Each decoder layer is split over the `tp` ranks of the mesh with DTensor's `para
 `parallelize_llama`: q/k/v, gate and up by columns (each rank holds whole attention heads and a slice of the
 MLP), o and down by rows (one all-reduce after attention, one after the MLP). The token embedding is split by
 vocabulary rows and lm_head by vocabulary columns, its logits gathered whole on every tp rank, so what
-follows the forward (log-probs, entropy, sampling) sees a plain tensor, the same on every tp rank. A value or
-classification head (`score`, one column) stays whole. FSDP2 then shards over the data-parallel ranks.
+follows the forward (log-probs, entropy, sampling) sees a plain tensor, the same on every tp rank. A model that
+ties lm_head to the embedding (Qwen2's small sizes) keeps that one matrix whole on each tp rank: one plan cannot
+split a shared weight two ways. A value or classification head (`score`, one column) stays whole. FSDP2 then
+shards over the data-parallel ranks.
 
 Sequence parallelism on the norms is not applied: it splits activations along the sequence, which pays only
 when activation memory is the limit (long sequences), and klguard's shared-prompt and KV-cache paths slice
@@ -17,12 +19,19 @@ reduced over the data-parallel ranks only (klguard.distributed.context.data_para
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from klguard.errors import ConfigError
+
+# DTensor logs a warning at every redistribution over two mesh dimensions (a gradient norm or a full state dict on
+# the (dp, tp) mesh is two collectives, not one): at every step, on every rank. The numbers are right (the debug
+# checks assert every rank's); the cost is one more small collective.
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 TP_MODEL_TYPES = ("llama", "qwen2", "mistral")  # one layout: model.layers.N.{self_attn,mlp}.*_proj
 
@@ -46,15 +55,14 @@ def check_tensor_parallel(model: torch.nn.Module, tp: int, key: str) -> None:
     for name, size in sizes.items():
         if size % tp:
             raise ConfigError(f"{key}={tp} must divide the model's {name}={size}")
-    if getattr(config, "tie_word_embeddings", False):
-        raise ConfigError(f"{key}={tp}: the model ties lm_head to the embedding (tie_word_embeddings=true), which "
-                          "one tensor-parallel plan cannot split twice; set it to 1")
 
 
 def _plan(model: torch.nn.Module) -> dict:
-    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate())}
-    if isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
-        plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    plan = {}
+    if not getattr(model.config, "tie_word_embeddings", False):
+        plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
+        if isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
+            plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
     for index in range(len(model.model.layers)):
         plan |= {f"model.layers.{index}.{name}": style() for name, style in LAYER_PLAN.items()}
     return plan

@@ -77,7 +77,8 @@ class PPOTrainer:
         self.cfg = config
         tr = config.trainer
         validate_world(config, world_size_from_env())  # a batch that does not split fails before any rendezvous
-        self.dist = init_distributed(tr.device, tr.dist_timeout_s, run_tp(config))  # torchrun's ranks, or one
+        self.dist = init_distributed(tr.device, tr.dist_timeout_s, run_tp(config),  # torchrun's ranks, or one
+                                     one_rank_fsdp=config.actor_rollout_ref.actor.fsdp_config.offload_policy)
         self.log = log if self.dist.is_main else _quiet  # only rank 0 logs and writes reports
         self.run_dir = Path(tr.default_local_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
