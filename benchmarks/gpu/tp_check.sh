@@ -13,20 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp}
 WORK=$(mktemp -d)
-python - "$WORK" <<'PY'
-import sys
-from pathlib import Path
-sys.path.insert(0, "tests/realmodel")
-from conftest import build_policy, gsm8k_rows, question
-import pyarrow as pa, pyarrow.parquet as pq
-root = Path(sys.argv[1])
-build_policy(root / "qwen2-tiny", [question(i)[0] for i in range(200)])
-pq.write_table(pa.Table.from_pylist(gsm8k_rows(64, "train")), root / "train.parquet")
-pq.write_table(pa.Table.from_pylist(gsm8k_rows(16, "test", offset=64)), root / "test.parquet")
-# a reward with a signal (length): with every score equal the whitened advantages are rounding noise
-(root / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                                "    return len(solution_str) / 10.0\n")
-PY
+python benchmarks/gpu/tiny_assets.py "$WORK"  # the tiny Qwen2, GSM8K-format parquet, a custom reward
 NGPU=${NGPU:-$(python -c "import torch; print(torch.cuda.device_count())")}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu NGPU=2 (or 1) rehearses the script on a CPU, gloo instead of nccl
 ARGS=(data.train_files="$WORK/train.parquet" data.val_files="$WORK/test.parquet" data.train_batch_size=8

@@ -8,18 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp}
 WORK=$(mktemp -d)
-python - "$WORK" <<'PY'
-import sys
-from pathlib import Path
-sys.path.insert(0, "tests/realmodel")
-from conftest import build_policy, gsm8k_rows, question  # the CPU tests' tiny Qwen2 and GSM8K-format rows
-import pyarrow as pa, pyarrow.parquet as pq
-root = Path(sys.argv[1])
-corpus = [question(i)[0] for i in range(200)]
-build_policy(root / "qwen2-tiny", corpus)
-pq.write_table(pa.Table.from_pylist(gsm8k_rows(64, "train")), root / "train.parquet")
-pq.write_table(pa.Table.from_pylist(gsm8k_rows(16, "test", offset=64)), root / "test.parquet")
-PY
+python benchmarks/gpu/tiny_assets.py "$WORK"  # the tiny Qwen2, GSM8K-format parquet, a custom reward
 python -c "import vllm" 2>/dev/null || { echo "verl_plugin.sh: vLLM is not installed: the check needs verl[vllm]"; exit 2; }
 export VERL_FILE_LOGGER_PATH="$WORK/verl_log.jsonl"
 start=$(date +%s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dist_runs import TRAIN, run, why
+from dist_runs import TRAIN, trained
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +27,4 @@ def dist_base(tmp_path_factory) -> list[str]:
 @pytest.fixture(scope="session")
 def one_rank(dist_base, tmp_path_factory) -> Path:
     """The one-process run every multi-rank layout is compared with (4 steps, a checkpoint each)."""
-    out = tmp_path_factory.mktemp("one") / "run"
-    proc = run(TRAIN, dist_base, out)
-    assert proc.returncode == 0, why(proc)
-    return out
+    return trained(TRAIN, dist_base, tmp_path_factory.mktemp("one") / "run")

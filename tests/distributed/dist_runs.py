@@ -35,6 +35,13 @@ def run(cmd: list[str], overrides: list[str], run_dir: Path, timeout: float = 24
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def trained(cmd: list[str], overrides: list[str], run_dir: Path) -> Path:
+    """`run`, asserting that it succeeded; returns the run directory."""
+    proc = run(cmd, overrides, run_dir)
+    assert proc.returncode == 0, why(proc)
+    return run_dir
+
+
 def why(proc: subprocess.CompletedProcess) -> str:
     """A failed run's klguard and error lines, then the end of its stderr."""
     keep = [line for line in proc.stderr.splitlines()
@@ -52,10 +59,8 @@ def same_metrics(ref: Path, other: Path, steps: range, keys: tuple[str, ...] | N
     a, b = records(ref), records(other)
     worst = 0.0
     for step in steps:
-        if keys == ():
-            names = [k for k in a[step] if not k.startswith(("timing_s/", "perf/"))]
-        else:
-            names = keys or COMPARED
+        every = [k for k in a[step] if not k.startswith(("timing_s/", "perf/"))]
+        names = every if keys == () else keys or COMPARED
         assert set(names) <= b[step].keys(), (step, set(names) - b[step].keys())
         for key in names:
             tol = metric_tol(list(a.values()), key, step, ROWS, POLICY_TERMS)

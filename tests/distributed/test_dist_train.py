@@ -13,20 +13,17 @@ grad_norm.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 import pytest
-from dist_runs import TORCHRUN, TRAIN, cut_back, run, same_metrics, why
+from dist_runs import TORCHRUN, TRAIN, cut_back, run, same_metrics, trained, why
 from dist_runs import records as _records
+
 
 @pytest.fixture(scope="module")
 def two_ranks(dist_base, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("two") / "run"
-    proc = run(TORCHRUN, dist_base, out)
-    assert proc.returncode == 0, why(proc)
-    return out
+    return trained(TORCHRUN, dist_base, tmp_path_factory.mktemp("two") / "run")
 
 
 def test_two_ranks_match_one_rank(one_rank, two_ranks):

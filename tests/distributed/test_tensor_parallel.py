@@ -12,22 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_runs import TORCHRUN, TORCHRUN_4, TRAIN, cut_back, records, run, same_metrics, why
+from dist_runs import TORCHRUN, TORCHRUN_4, TRAIN, cut_back, records, run, same_metrics, trained, why
 from safetensors.torch import load_file
 
 TP_KEY = "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.tensor_parallel_size"
 TP2 = ["actor_rollout_ref.actor.strategy=fsdp_turbo", "critic.strategy=fsdp_turbo", f"{TP_KEY}=2"]
 
 
-def _run(cmd: list[str], overrides: list[str], out: Path) -> Path:
-    proc = run(cmd, overrides, out)
-    assert proc.returncode == 0, why(proc)
-    return out
-
-
 @pytest.fixture(scope="module")
 def tp2(dist_base, tmp_path_factory) -> Path:
-    return _run(TORCHRUN, [*dist_base, *TP2], tmp_path_factory.mktemp("tp2") / "run")
+    return trained(TORCHRUN, [*dist_base, *TP2], tmp_path_factory.mktemp("tp2") / "run")
 
 
 def _checks(run_dir: Path) -> list[dict]:
@@ -48,13 +42,13 @@ def test_tp2_matches_one_process_on_every_metric(one_rank, tp2):
 
 
 def test_generation_on_the_tp_shards_matches_one_process(one_rank, dist_base, tmp_path):
-    shards = _run(TORCHRUN, [*dist_base, *TP2, "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    shards = trained(TORCHRUN, [*dist_base, *TP2, "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
                              "trainer.total_training_steps=2", "trainer.save_freq=-1"], tmp_path / "run")
     same_metrics(one_rank, shards, range(1, 3), keys=())
 
 
 def test_dp2_tp2_on_four_ranks_matches_one_process(one_rank, dist_base, tmp_path):
-    out = _run(TORCHRUN_4, [*dist_base, *TP2, "trainer.total_training_steps=3"], tmp_path / "run")
+    out = trained(TORCHRUN_4, [*dist_base, *TP2, "trainer.total_training_steps=3"], tmp_path / "run")
     same_metrics(one_rank, out, range(1, 4), keys=())
     for check in _checks(out):
         assert (check["dp_rank"], check["tp_rank"]) == ([0, 0, 1, 1], [0, 1, 0, 1])
@@ -96,8 +90,8 @@ def test_the_guard_rolls_back_under_tp_as_one_process_does(dist_base, tmp_path):
     """lr 0.003 drives the in-reward KL (~0.15 on step 2) far over guard.kl_hard_limit (0.1): a rollback to the
     initial policy, loaded into the tp-split actor, then training goes on with the tightened settings."""
     blow_up = [*dist_base, "actor_rollout_ref.actor.optim.lr=0.003", "trainer.total_training_steps=4"]
-    one = _run(TRAIN, blow_up, tmp_path / "one")
-    tp = _run(TORCHRUN, [*blow_up, *TP2], tmp_path / "tp")
+    one = trained(TRAIN, blow_up, tmp_path / "one")
+    tp = trained(TORCHRUN, [*blow_up, *TP2], tmp_path / "tp")
     events = [[json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()] for out in (one, tp)]
     assert any(e["kind"] == "rollback" for e in events[0])
     assert [(e["step"], e["kind"]) for e in events[1]] == [(e["step"], e["kind"]) for e in events[0]]
@@ -127,3 +121,17 @@ def test_bad_parallel_sizes_are_one_line_errors(overrides, world, message, monke
     assert main(["train", "algorithm.adv_estimator=gae", f"trainer.default_local_dir={tmp_path}", *overrides]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"klguard: error: {message}"), lines
+
+
+def test_a_model_tp_cannot_split_is_refused_before_any_rendezvous(monkeypatch, capsys, tmp_path):
+    from klguard.commands.cli import main
+    from klguard.model.char_tokenizer import build_char_tokenizer
+    from klguard.model.tiny import build_tiny_llama, save_hf_folder
+
+    tok = build_char_tokenizer()
+    folder = save_hf_folder(build_tiny_llama(tok, intermediate_size=255), tok, tmp_path / "odd-mlp")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", *TP2, f"actor_rollout_ref.model.path={folder}", "algorithm.adv_estimator=grpo",
+                 "actor_rollout_ref.rollout.n=2", f"trainer.default_local_dir={tmp_path / 'run'}"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [f"klguard: error: {TP_KEY}=2 must divide the model's intermediate_size=255"], lines

@@ -21,17 +21,17 @@ KEY = "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.tensor_paral
 
 def test_only_splittable_models_pass_the_check():
     tok = build_char_tokenizer()
-    check_tensor_parallel(build_tiny_llama(tok), 2, KEY)  # 4 heads, 4 kv heads, 256 intermediate
-    check_tensor_parallel(build_tiny_llama(tok), 4, KEY)
+    check_tensor_parallel(build_tiny_llama(tok).config, 2, KEY)  # 4 heads, 4 kv heads, 256 intermediate
+    check_tensor_parallel(build_tiny_llama(tok).config, 4, KEY)
     with pytest.raises(ConfigError, match=f"^{KEY}=3 must divide the model's num_attention_heads=4$"):
-        check_tensor_parallel(build_tiny_llama(tok), 3, KEY)
+        check_tensor_parallel(build_tiny_llama(tok).config, 3, KEY)
     model = build_tiny_llama(tok, intermediate_size=255, num_heads=2)
     with pytest.raises(ConfigError, match="must divide the model's intermediate_size=255"):
-        check_tensor_parallel(model, 2, KEY)
+        check_tensor_parallel(model.config, 2, KEY)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=30))
     with pytest.raises(ConfigError, match=f"^{KEY}=2: tensor parallelism supports the llama, qwen2, mistral "
                                           "layouts, not model_type 'gpt2'; set it to 1$"):
-        check_tensor_parallel(gpt2, 2, KEY)
+        check_tensor_parallel(gpt2.config, 2, KEY)
 
 
 def test_clipping_over_two_meshes_equals_clipping_the_plain_tensors(tmp_path):

@@ -13,8 +13,8 @@ from klguard.algo.advantage import GROUP_ESTIMATORS
 from klguard.config.fields import check_tree, fail
 from klguard.config.roles import ROLES, SHARDING_KEYS, check_parallel, run_tp
 from klguard.config.roles import sharding as role_sharding
-from klguard.config.schema_policy import ACTOR_TP_KEY
 from klguard.config.schema import Config
+from klguard.config.schema_policy import ACTOR_TP_KEY
 
 
 def validate(cfg: Config) -> None:

@@ -4,9 +4,9 @@
 generated PPO config (both: `key = default`, one per line). A key of either that klguard does not implement is
 accepted and listed in the one "not applicable" warning.
 
-verl 0.9.1 moved the reward settings under `reward.` and the critic's engine settings to `critic.fsdp.`; klguard takes both spellings with one meaning and keeps the
-older one (its schema's) as the name. 0.9.1 still lists the older keys with the value null, meaning "not set":
-a null there is dropped, so that a whole 0.9.1 config file loads.
+verl 0.9.1 moved the reward settings under `reward.` and the critic's engine settings to `critic.fsdp.`; klguard
+takes both spellings with one meaning and keeps the older one (its schema's) as the name. 0.9.1 still lists the
+older keys with the value null, meaning "not set": a null there is dropped, so that a whole 0.9.1 config file loads.
 """
 
 from __future__ import annotations

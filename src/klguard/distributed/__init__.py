@@ -1,7 +1,7 @@
-"""Data- and tensor-parallel training on torch.distributed: the process group (context), FSDP2 sharding (fsdp),
-tensor parallelism inside it (tensor_parallel), which
-rollouts each rank holds (layout), cross-rank reductions (collectives) and sharded checkpoints
-(sharded_checkpoint). One process runs the same code with every collective the identity."""
+"""Data- and tensor-parallel training on torch.distributed: the process group and its (dp, tp) grid (context), FSDP2
+sharding (fsdp), tensor parallelism inside it (tensor_parallel), which rollouts each rank holds (layout), cross-rank
+reductions (collectives), gradient clipping across meshes (grad_clip) and sharded checkpoints (sharded_checkpoint).
+One process runs the same code with every collective the identity."""
 
 from klguard.distributed.collectives import (
     any_rank,
@@ -22,6 +22,7 @@ from klguard.distributed.context import (
 from klguard.distributed.layout import RowLayout, even_slice
 
 __all__ = [
-    "DistContext", "RowLayout", "any_rank", "assert_same_across_ranks", "barrier", "data_parallel", "even_slice", "gather_objects",
-    "gather_rows", "init_distributed", "is_distributed", "min_across_ranks", "reduce_means", "shutdown",
+    "DistContext", "RowLayout", "any_rank", "assert_same_across_ranks", "barrier", "data_parallel", "even_slice",
+    "gather_objects", "gather_rows", "init_distributed", "is_distributed", "min_across_ranks", "reduce_means",
+    "shutdown",
 ]

@@ -58,9 +58,9 @@ def _layer_classes(model: torch.nn.Module) -> set[str]:
 def shard_model(model: torch.nn.Module, ctx: DistContext, *, strategy: str, fsdp_size: int, offload: bool,
                 reshard_after_forward: bool, param_dtype: torch.dtype | None, tp: int = 1,
                 tp_key: str = "tensor_parallel_size") -> torch.nn.Module:
-    """`model` sharded in place (one process: returned as it is, unless `ctx.one_rank_fsdp`): split over the mesh's tp ranks when `tp` > 1
-    (klguard.distributed.tensor_parallel; with `tp` = 1 in a tensor-parallel run it is replicated over them),
-    then FSDP2 over the data-parallel ranks."""
+    """`model` sharded in place (one process: returned as it is, unless `ctx.one_rank_fsdp`): split over the
+    mesh's tp ranks when `tp` > 1 (klguard.distributed.tensor_parallel; with `tp` = 1 in a tensor-parallel run it
+    is replicated over them), then FSDP2 over the data-parallel ranks."""
     if not ctx.shards:
         return model
     mesh = build_mesh(ctx, 1 if strategy == "none" else fsdp_size)

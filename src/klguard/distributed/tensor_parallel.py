@@ -42,10 +42,9 @@ LAYER_PLAN = {
 }
 
 
-def check_tensor_parallel(model: torch.nn.Module, tp: int, key: str) -> None:
-    """A one-line ConfigError naming `key` when `model` cannot be split over `tp` ranks."""
-    config = model.config
-    model_type = getattr(config, "model_type", type(model).__name__)
+def check_tensor_parallel(config, tp: int, key: str) -> None:
+    """A one-line ConfigError naming `key` when a model of HF `config` cannot be split over `tp` ranks."""
+    model_type = getattr(config, "model_type", type(config).__name__)
     if model_type not in TP_MODEL_TYPES:
         raise ConfigError(f"{key}={tp}: tensor parallelism supports the {', '.join(TP_MODEL_TYPES)} layouts, not "
                           f"model_type {model_type!r}; set it to 1")
@@ -70,5 +69,5 @@ def _plan(model: torch.nn.Module) -> dict:
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh, key: str) -> torch.nn.Module:
     """`model` split in place over `tp_mesh` (checked first: see check_tensor_parallel)."""
-    check_tensor_parallel(model, tp_mesh.size(), key)
+    check_tensor_parallel(model.config, tp_mesh.size(), key)
     return parallelize_module(model, tp_mesh, _plan(model))

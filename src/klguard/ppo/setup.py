@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from klguard.algo.kl import build_kl_controller
-from klguard.config.roles import role_tp, run_tp, strategy, tp_key, uses_critic, uses_reference
+from klguard.config.roles import built_roles, role_tp, run_tp, strategy, tp_key, uses_critic, uses_reference
 from klguard.config.roles import sharding as role_sharding
 from klguard.config.schema import BUILTIN_MODEL, Config, OptimConfig
 from klguard.data.arith import write_arith_parquet
@@ -17,7 +17,8 @@ from klguard.data.sampler import PromptSampler
 from klguard.distributed.context import DistContext
 from klguard.distributed.fsdp import shard_model
 from klguard.distributed.sharded_checkpoint import is_dcp
-from klguard.model.loading import check_model_folder, compute_dtype, load_critic, load_policy
+from klguard.distributed.tensor_parallel import check_tensor_parallel
+from klguard.model.loading import check_model_folder, compute_dtype, hf_config, load_critic, load_policy
 from klguard.ppo.checkpointing import REFERENCE_DIR
 from klguard.ppo.generation_weights import GenerationWeights
 from klguard.ppo.state import TrainState
@@ -112,6 +113,19 @@ def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: P
         critic = load_critic(policy_path, cfg, device=device, resume_path=hf_folder("critic"))
         critic = _shard(critic, cfg, ctx, "critic")
     return actor, ref, critic
+
+
+def check_split(cfg: Config) -> None:
+    """Before any rendezvous: every model a tensor-parallel run splits can be split (its HF config read from its
+    folder; the built-in policy, not trained yet, is checked when it is sharded)."""
+    arr = cfg.actor_rollout_ref
+    paths = {"actor": arr.model.path, "ref": arr.model.path, "critic": cfg.critic.model.path or arr.model.path}
+    for role in built_roles(cfg):
+        if role_tp(cfg, role) > 1 and paths[role] != BUILTIN_MODEL:
+            key = "critic.model.path" if role == "critic" and cfg.critic.model.path else "actor_rollout_ref.model.path"
+            folder = check_model_folder(paths[role], key)
+            check_tensor_parallel(hf_config(folder, arr.model.override_config, arr.model.trust_remote_code, key),
+                                  role_tp(cfg, role), tp_key(role))
 
 
 def generation_weights(cfg: Config, actor: torch.nn.Module, policy_path: Path,

@@ -39,6 +39,7 @@ from klguard.ppo.scoring import score_rollout, validate_policy
 from klguard.ppo.setup import (
     build_datasets,
     build_train_state,
+    check_split,
     generation_weights,
     resolve_model_path,
     resolve_tokenizer_path,
@@ -77,6 +78,7 @@ class PPOTrainer:
         self.cfg = config
         tr = config.trainer
         validate_world(config, world_size_from_env())  # a batch that does not split fails before any rendezvous
+        check_split(config)  # and so does a model that tensor parallelism cannot split
         self.dist = init_distributed(tr.device, tr.dist_timeout_s, run_tp(config),  # torchrun's ranks, or one
                                      one_rank_fsdp=config.actor_rollout_ref.actor.fsdp_config.offload_policy)
         self.log = log if self.dist.is_main else _quiet  # only rank 0 logs and writes reports
