@@ -115,7 +115,7 @@ def test_verl_run_gemma_line_runs_with_one_warning(assets, tmp_path, capsys):
     warnings = [x for x in err.splitlines() if "warning" in x.lower()]
     assert len(warnings) == 1, warnings
     for key in ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization",
-                "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.model.use_remove_padding",
+                "actor_rollout_ref.model.use_remove_padding",
                 "actor_rollout_ref.actor.fsdp_config.param_offload", "trainer.n_gpus_per_node"):
         assert key in warnings[0]
     assert (tmp_path / "run" / "global_step_15" / "actor" / "config.json").is_file()  # 15 epochs x 1 step
