@@ -125,6 +125,12 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
     path = ensure_sft_policy(config.sft, form=config.data.builtin_form, force=True)
     print(f"SFT policy written to {path}")
+    if config.proxy_reward.kind == "learned_rm":
+        from klguard.ppo.learned_rm import ensure_learned_rm
+
+        rm = ensure_learned_rm(config.proxy_reward.learned_rm, config.sft, path, form=config.data.builtin_form,
+                               max_new_tokens=config.data.max_response_length, force=True)
+        print(f"learned reward model written to {rm}")
     if shipped_policy(sft_recipe(config.sft, config.data.builtin_form)) is not None:
         print("this recipe's policy also ships with klguard: the rebuilt one in the cache is used from now on "
               "(delete that folder to go back to the shipped one)")

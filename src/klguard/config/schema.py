@@ -13,7 +13,6 @@ sections are in klguard.config.validate. The policy-side sections live in schema
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from klguard.algo.advantage import AdvEstimator
@@ -23,7 +22,6 @@ from klguard.config.fields import (
     at_least,
     choices,
     fail,
-    finite,
     greater,
     interval,
     non_negative,
@@ -43,14 +41,20 @@ from klguard.config.schema_policy import (
     OptimConfig,
     ProfilerContent,
 )
+from klguard.config.schema_reward import (
+    CustomRewardFunctionConfig,
+    LearnedRMConfig,
+    ProxyRewardConfig,
+    RewardModelConfig,
+)
 from klguard.data.arith import BuiltinForm
 from klguard.data.dataset import Truncation
-from klguard.errors import ConfigError
 from klguard.guard.config import GuardConfig
 
 # what other modules import from here (the policy-side sections are schema_policy's)
 __all__ = ["BUILTIN_MODEL", "PROFILER_CONTENTS", "ActorConfig", "ActorRolloutRefConfig", "Config", "CriticConfig",
-           "GuardConfig", "OptimConfig", "ProfilerContent", "SFTConfig"]
+           "CustomRewardFunctionConfig", "GuardConfig", "LearnedRMConfig", "OptimConfig", "ProfilerContent",
+           "ProxyRewardConfig", "RewardModelConfig", "SFTConfig"]
 
 KLUnit = Literal["token_mean", "seq_sum"]
 Logger = Literal["console", "jsonl", "file", "tensorboard", "wandb", "mlflow"]
@@ -96,61 +100,6 @@ class DataConfig:
         if (self.train_files is None) != (self.val_files is None):
             fail(f"{key}.val_files" if self.val_files is None else f"{key}.train_files", None,
                  "must be set together with the other (null for both = the built-in task)")
-
-
-# ----------------------------------------------------------------------------- rewards
-@dataclass
-class RewardModelModelConfig:
-    path: str | None = opt(None, "Local HF folder of an AutoModelForSequenceClassification reward model (one label)")
-    trust_remote_code: bool = opt(False, "Allow model code shipped inside the reward model folder")
-    override_config: dict = opt({}, "Overrides applied to the reward model's HF config before loading")
-
-
-@dataclass
-class RewardModelConfig:
-    enable: bool = opt(False, "Score responses with a sequence-classification reward model")
-    model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model")
-    micro_batch_size_per_gpu: int | None = opt(
-        None, "Sequences per reward-model forward (null = the whole batch)", rule=at_least(1, or_null=True)
-    )
-    max_length: int | None = opt(
-        None, "Longest prompt+response the RM reads, in its tokens; longer keep the end", rule=at_least(1, or_null=True)
-    )
-    length_penalty: float = opt(
-        0.0, "Subtracted from the RM score per response token: RM(q, o) - length_penalty * |o| (ours)",
-        rule=non_negative,
-    )
-    rule_weight: float = opt(
-        0.0, "Add this times the rule/custom score to the RM score (ours; 0 = verl, the RM score alone)", rule=finite
-    )
-
-    def check(self, key: str) -> None:
-        if self.enable and not self.model.path:
-            fail(f"{key}.model.path", None, f"must be set when {key}.enable=true")
-
-
-@dataclass
-class CustomRewardFunctionConfig:
-    path: str | None = opt(None, "Python file with the reward function (the only user code run)")
-    name: str = opt("compute_score", "Function name in that file")
-    reward_kwargs: dict = opt({}, "Keyword arguments given to that function on every call (verl's, set with +)")
-
-    def check(self, key: str) -> None:
-        """The run reads this file late (after the warm start): fail now, not minutes in."""
-        if self.path and not Path(self.path).expanduser().is_file():
-            raise ConfigError(f"{key}.path={self.path} does not exist")
-
-
-@dataclass
-class ProxyRewardConfig:
-    enable: bool | None = opt(
-        None, "Optimise the length-biased proxy instead of the rule score; the rule score is kept as gold "
-        "(null = on for the built-in task only) (ours)"
-    )
-    format_weight: float = opt(0.5, "Proxy weight of a well-formed '#### <number>' answer at the start")
-    correct_weight: float = opt(0.5, "Proxy weight of the FIRST answer being correct")
-    length_weight: float = opt(1.0, "Proxy weight of min(tokens, length_cap) / length_cap: the length bias")
-    length_cap: int = opt(32, "Tokens beyond which length earns no more proxy reward")
 
 
 # ----------------------------------------------------------------------------- algorithm

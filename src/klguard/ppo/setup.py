@@ -21,8 +21,10 @@ from klguard.distributed.tensor_parallel import check_tensor_parallel
 from klguard.model.loading import check_model_folder, compute_dtype, hf_config, load_critic, load_policy
 from klguard.ppo.checkpointing import REFERENCE_DIR
 from klguard.ppo.generation_weights import GenerationWeights
+from klguard.ppo.learned_rm import ensure_learned_rm
 from klguard.ppo.state import TrainState
 from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
+from klguard.reward.manager import proxy_enabled
 
 
 def resolve_model_path(cfg: Config, *, log=print) -> Path:
@@ -113,6 +115,15 @@ def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: P
         critic = load_critic(policy_path, cfg, device=device, resume_path=hf_folder("critic"))
         critic = _shard(critic, cfg, ctx, "critic")
     return actor, ref, critic
+
+
+def resolve_learned_rm(cfg: Config, policy_path: Path, *, log=print) -> Path | None:
+    """The built-in learned RM's folder when it is the proxy (proxy_reward.kind=learned_rm): fit to `policy_path`'s
+    samples now unless cached (klguard.ppo.learned_rm); None otherwise."""
+    if cfg.proxy_reward.kind != "learned_rm" or not proxy_enabled(cfg):
+        return None
+    return ensure_learned_rm(cfg.proxy_reward.learned_rm, cfg.sft, policy_path, form=cfg.data.builtin_form,
+                             max_new_tokens=cfg.data.max_response_length, log=log)
 
 
 def check_split(cfg: Config) -> None:

@@ -41,6 +41,7 @@ from klguard.ppo.setup import (
     build_train_state,
     check_split,
     generation_weights,
+    resolve_learned_rm,
     resolve_model_path,
     resolve_tokenizer_path,
 )
@@ -102,7 +103,8 @@ class PPOTrainer:
         sampler = PromptSampler(len(self.train_data), config.data.train_batch_size, shuffle=config.data.shuffle,
                                 seed=tr.seed if config.data.seed is None else config.data.seed)
         self.total_steps = tr.total_training_steps or tr.total_epochs * sampler.batches_per_epoch
-        self.rewards = RewardManager(config, self.tokenizer, device=self.device)
+        learned_rm = main_first(lambda: resolve_learned_rm(config, self.policy_path, log=self.log))
+        self.rewards = RewardManager(config, self.tokenizer, device=self.device, learned_rm=learned_rm)
         self.checkpoints = Checkpoints(self.run_dir, tr.max_actor_ckpt_to_keep, self.dist, config=config,
                                        policy_path=self.policy_path, log=self.log)
         resume_from = self.checkpoints.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)

@@ -7,7 +7,10 @@ and the rule score becomes the gold score: the gap between them is the hacking s
 With `reward_model.enable` PPO optimises `RM(q, o) - length_penalty * |o| + rule_weight * rule`
 (verl: the RM score alone). The rule score, where one exists (a custom function, or a data source
 with a known rule), is the gold score; a response hacks when gold says wrong and its score is at
-least the mean score of the batch's gold-correct responses.
+least the mean score of the batch's gold-correct responses. The built-in learned RM
+(`proxy_reward.kind=learned_rm`, klguard.ppo.learned_rm) scores the same way; its hacking yardstick is
+per prompt, as the length proxy's: the RM's score of the short correct answer `#### <answer>` (defined
+also when no response of the batch is correct, which is where a collapsed run ends).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 
 from klguard.config.schema import Config
 from klguard.errors import UserError
-from klguard.reward.proxy import hacking_flags, proxy_score, reference_proxy_score
+from klguard.reward.proxy import hacking_flags, proxy_score, reference_proxy_score, reference_response
 from klguard.reward.registry import compute_gold_score, has_gold_rule
 
 
@@ -68,7 +71,10 @@ def hacked_by_model(gold: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
 
 
 class RewardManager:
-    def __init__(self, config: Config, tokenizer, *, device: torch.device | None = None) -> None:
+    """`learned_rm`: the built-in learned reward model's folder (proxy_reward.kind=learned_rm), which then scores."""
+
+    def __init__(self, config: Config, tokenizer, *, device: torch.device | None = None,
+                 learned_rm: Path | None = None) -> None:
         self.proxy = config.proxy_reward
         self.proxy_on = proxy_enabled(config)
         self.tokenizer = tokenizer
@@ -77,11 +83,12 @@ class RewardManager:
         self.custom_kwargs = dict(crf.reward_kwargs)
         self.rm_cfg = config.reward_model
         self.model = None
-        if config.reward_model.enable:
+        self.learned_rm = learned_rm is not None
+        if config.reward_model.enable or learned_rm is not None:
             from klguard.distributed.context import resolve_device
             from klguard.reward.model_rm import ModelReward
 
-            self.model = ModelReward(config, device or resolve_device(config.trainer.device))
+            self.model = ModelReward(config, device or resolve_device(config.trainer.device), learned_rm)
 
     def _rule(self, i: int, data_source: str, text: str, ground_truth: str, extra_info: Any) -> float:
         try:
@@ -110,6 +117,9 @@ class RewardManager:
             return RewardOutput(scores, None, None)
         gold = torch.tensor(self._rules(texts, data_sources, ground_truths, extra_infos))
         scores = scores + self.rm_cfg.rule_weight * gold
+        if self.learned_rm:  # the built-in task: the yardstick is the RM's score of the short correct answer
+            yardstick = self.model(prompts, [reference_response(gt) for gt in ground_truths])
+            return RewardOutput(scores, gold, hacking_flags(gold, scores, yardstick + self.rm_cfg.rule_weight))
         return RewardOutput(scores, gold, hacked_by_model(gold, scores))
 
     def __call__(self, texts: Sequence[str], n_tokens: Sequence[int], data_sources: Sequence[str],

@@ -10,6 +10,7 @@ right-padded and scored in micro-batches of `reward_model.micro_batch_size_per_g
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -28,18 +29,29 @@ from klguard.model.loading import (
 KEY = "reward_model.model.path"
 
 
+def render_chat(tokenizer, prompt: Sequence[dict[str, str]], response: str) -> str:
+    """The text a reward model reads: the chat with the response as the assistant's turn (its template), else the
+    messages and the response one per line."""
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": response}], tokenize=False)
+    return "\n".join(m["content"] for m in prompt) + "\n" + response
+
+
 class ModelReward:
-    def __init__(self, config: Config, device: torch.device) -> None:
+    """The user's reward model (`reward_model.model.path`), or the built-in learned RM's `folder`."""
+
+    def __init__(self, config: Config, device: torch.device, folder: Path | None = None) -> None:
         rm = config.reward_model
-        folder = check_model_folder(rm.model.path, KEY)
-        trust = rm.model.trust_remote_code
+        user = folder is None
+        folder = check_model_folder(rm.model.path, KEY) if user else folder
+        trust = rm.model.trust_remote_code and user
         self.tokenizer = set_pad_token(hf_load(AutoTokenizer.from_pretrained, folder, KEY, trust_remote_code=trust),
                                        KEY)
         self.tokenizer.padding_side, self.tokenizer.truncation_side = "right", "left"
-        hf_cfg = hf_config(folder, rm.model.override_config, trust, KEY)
+        hf_cfg = hf_config(folder, rm.model.override_config if user else {}, trust, KEY)
         check_architecture(hf_cfg, ("ForSequenceClassification",), KEY, folder, "sequence-classification model")
         if hf_cfg.num_labels != 1:
-            raise UserError(f"{KEY}={rm.model.path} has {hf_cfg.num_labels} labels; a reward model has one")
+            raise UserError(f"{KEY}={folder} has {hf_cfg.num_labels} labels; a reward model has one")
         if hf_cfg.pad_token_id is None:  # HF finds each sequence's last token through the pad id
             hf_cfg.pad_token_id = self.tokenizer.pad_token_id
         model = hf_load(AutoModelForSequenceClassification.from_pretrained, folder, KEY, config=hf_cfg,
@@ -51,10 +63,7 @@ class ModelReward:
         self.max_length = rm.max_length
 
     def render(self, prompt: Sequence[dict[str, str]], response: str) -> str:
-        if self.tokenizer.chat_template:
-            chat = [*prompt, {"role": "assistant", "content": response}]
-            return self.tokenizer.apply_chat_template(chat, tokenize=False)
-        return "\n".join(m["content"] for m in prompt) + "\n" + response
+        return render_chat(self.tokenizer, prompt, response)
 
     @torch.no_grad()
     def __call__(self, prompts: Sequence[Sequence[dict[str, str]]], responses: Sequence[str]) -> torch.Tensor:

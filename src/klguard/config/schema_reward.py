@@ -1,0 +1,94 @@
+"""The schema's reward sections: `reward_model.*`, `custom_reward_function.*` and klguard's `proxy_reward.*`
+(the built-in task's hackable proxies: the length formula, or a learned reward model).
+
+Conventions: see klguard.config.fields; klguard.config.schema assembles the whole tree and re-exports these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from klguard.config.fields import at_least, choices, fail, finite, greater, non_negative, opt, section
+from klguard.errors import ConfigError
+
+
+@dataclass
+class RewardModelModelConfig:
+    path: str | None = opt(None, "Local HF folder of an AutoModelForSequenceClassification reward model (one label)")
+    trust_remote_code: bool = opt(False, "Allow model code shipped inside the reward model folder")
+    override_config: dict = opt({}, "Overrides applied to the reward model's HF config before loading")
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = opt(False, "Score responses with a sequence-classification reward model")
+    model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model")
+    micro_batch_size_per_gpu: int | None = opt(
+        None, "Sequences per reward-model forward (null = the whole batch)", rule=at_least(1, or_null=True)
+    )
+    max_length: int | None = opt(
+        None, "Longest prompt+response the RM reads, in its tokens; longer keep the end", rule=at_least(1, or_null=True)
+    )
+    length_penalty: float = opt(
+        0.0, "Subtracted from the RM score per response token: RM(q, o) - length_penalty * |o| (ours)",
+        rule=non_negative,
+    )
+    rule_weight: float = opt(
+        0.0, "Add this times the rule/custom score to the RM score (ours; 0 = verl, the RM score alone)", rule=finite
+    )
+
+    def check(self, key: str) -> None:
+        if self.enable and not self.model.path:
+            fail(f"{key}.model.path", None, f"must be set when {key}.enable=true")
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: str | None = opt(None, "Python file with the reward function (the only user code run)")
+    name: str = opt("compute_score", "Function name in that file")
+    reward_kwargs: dict = opt({}, "Keyword arguments given to that function on every call (verl's, set with +)")
+
+    def check(self, key: str) -> None:
+        """The run reads this file late (after the warm start): fail now, not minutes in."""
+        if self.path and not Path(self.path).expanduser().is_file():
+            raise ConfigError(f"{key}.path={self.path} does not exist")
+
+
+ProxyKind = Literal["length", "learned_rm"]
+
+
+@dataclass
+class LearnedRMConfig:
+    """The recipe of the learned reward model (proxy_reward.kind=learned_rm); its weights are cached by it."""
+
+    samples: int = opt(4096, "SFT-policy samples (temperature 1, run-ons included) labelled by the gold rule",
+                       rule=at_least(16))
+    epochs: int = opt(5, "Passes over the samples", rule=at_least(1))
+    batch_size: int = opt(64, "Samples per RM optimizer step", rule=at_least(1))
+    lr: float = opt(1e-3, "RM learning rate (AdamW, constant)", rule=greater(0))
+    hidden_size: int = opt(64, "RM width (a Llama body on the built-in tokenizer)", rule=at_least(8))
+    num_layers: int = opt(1, "RM decoder layers", rule=at_least(1))
+    num_heads: int = opt(2, "RM attention heads (must divide hidden_size)", rule=at_least(1))
+    seed: int = opt(0, "Seed of the RM's samples, initialisation and batch order")
+
+    def check(self, key: str) -> None:
+        if self.hidden_size % self.num_heads:
+            fail(f"{key}.num_heads", self.num_heads, f"must divide {key}.hidden_size={self.hidden_size}")
+
+
+@dataclass
+class ProxyRewardConfig:
+    enable: bool | None = opt(
+        None, "Optimise a hackable proxy instead of the rule score; the rule score is kept as gold "
+        "(null = on for the built-in task only) (ours)"
+    )
+    kind: ProxyKind = opt("length", "The proxy: " + choices(
+        ProxyKind, length="the length-biased formula below",
+        learned_rm="a small reward model fit to the SFT policy's samples (learned_rm.*), cached"))
+    format_weight: float = opt(0.5, "Proxy weight of a well-formed '#### <number>' answer at the start")
+    correct_weight: float = opt(0.5, "Proxy weight of the FIRST answer being correct")
+    length_weight: float = opt(1.0, "Proxy weight of min(tokens, length_cap) / length_cap: the length bias")
+    length_cap: int = opt(32, "Tokens beyond which length earns no more proxy reward")
+    learned_rm: LearnedRMConfig = section(LearnedRMConfig, "Recipe of the learned reward model (kind=learned_rm)")

@@ -1,0 +1,95 @@
+"""The built-in learned reward model (proxy_reward.kind=learned_rm): built deterministically from its recipe and the
+SFT policy, cached, scored through the reward-model path, with a per-prompt hacking yardstick."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from klguard.commands.cli import main
+from klguard.config import load_config
+from klguard.ppo.learned_rm import ensure_learned_rm, learned_rm_dir
+from klguard.reward.manager import RewardManager
+from klguard.reward.proxy import reference_response
+
+TINY = ["proxy_reward.kind=learned_rm", "proxy_reward.learned_rm.samples=48", "proxy_reward.learned_rm.epochs=1",
+        "proxy_reward.learned_rm.batch_size=16", "proxy_reward.learned_rm.hidden_size=16",
+        "data.max_response_length=16"]
+
+
+def _config(cache: Path, *extra: str):
+    return load_config(None, [*TINY, f"sft.cache_dir={cache}", *extra]).config
+
+
+def _build(cfg, policy: Path, log=lambda msg: None, force: bool = False) -> Path:
+    return ensure_learned_rm(cfg.proxy_reward.learned_rm, cfg.sft, policy, form=cfg.data.builtin_form,
+                             max_new_tokens=cfg.data.max_response_length, force=force, log=log)
+
+
+@pytest.fixture(scope="module")
+def policy() -> Path:
+    from klguard.ppo.setup import resolve_model_path
+
+    return resolve_model_path(load_config(None, []).config, log=lambda msg: None)  # the shipped SFT policy
+
+
+def test_the_rm_is_deterministic_and_cached(policy, tmp_path):
+    messages: list[str] = []
+    first = _build(_config(tmp_path / "a"), policy, messages.append)
+    second = _build(_config(tmp_path / "b"), policy)
+    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # same recipe, same weights
+    assert (first / "rm_metrics.json").read_text() == (second / "rm_metrics.json").read_text()
+    assert sum("fitting the learned reward model" in m for m in messages) == 1
+    again: list[str] = []
+    assert _build(_config(tmp_path / "a"), policy, again.append) == first and not any("fitting" in m for m in again)
+    cfg = _config(tmp_path / "a")
+    other = replace(cfg.proxy_reward.learned_rm, seed=1)
+    assert learned_rm_dir(other, cfg.sft, policy, 16) != first  # the recipe keys the cache
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("proxy_reward.learned_rm.num_heads=3",
+     "proxy_reward.learned_rm.num_heads=3 must divide proxy_reward.learned_rm.hidden_size=16"),
+    ("proxy_reward.learned_rm.samples=4", "proxy_reward.learned_rm.samples=4 must be >= 16"),
+    ("proxy_reward.kind=gold_rm", "proxy_reward.kind='gold_rm' is not one of: learned_rm, length"),
+])
+def test_a_bad_recipe_is_a_one_line_error(override, message, capsys, tmp_path):
+    assert main(["train", *TINY, override, f"trainer.default_local_dir={tmp_path}"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"klguard: error: {message}"), lines
+
+
+def test_the_rm_scores_and_flags_hacking_against_the_short_correct_answer(policy, tmp_path):
+    cfg = _config(tmp_path)
+    folder = _build(cfg, policy)
+    from klguard.model.loading import load_tokenizer
+    from klguard.reward.model_rm import ModelReward
+
+    tok = load_tokenizer(policy, cfg)
+    rewards = RewardManager(cfg, tok, device=torch.device("cpu"), learned_rm=folder)
+    prompts = [[{"role": "user", "content": "1+2-3=?"}]] * 3 + [[{"role": "user", "content": "5+5-1=?"}]]
+    texts, truths = ["#### 0", "#### 7", "#### 0 Q:1+1-1=?A:#### 1", "#### 9"], ["0", "0", "0", "9"]
+    out = rewards(texts, [len(t) + 1 for t in texts], ["klguard/arith"] * 4, truths, [{}] * 4, prompts)
+    rm = ModelReward(cfg, torch.device("cpu"), folder)
+    assert torch.equal(out.scores, rm(prompts, texts))  # PPO optimises the RM's score, nothing added
+    assert out.gold.tolist() == [1.0, 0.0, 0.0, 1.0]  # gold stays the rule (the LAST answer counts)
+    yardstick = rm(prompts, [reference_response(t) for t in truths])
+    assert out.hacked.tolist() == [bool(g == 0 and s >= y - 1e-6) for g, s, y in
+                                   zip(out.gold, out.scores, yardstick, strict=True)]
+
+
+def test_a_run_optimises_the_learned_rm(fast_overrides, tmp_path):
+    import json
+
+    assert main(["train", *fast_overrides, *TINY, "trainer.total_training_steps=2", "trainer.test_freq=-1",
+                 "trainer.val_before_train=false"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    cache = Path(next(a for a in fast_overrides if a.startswith("sft.cache_dir=")).split("=", 1)[1])
+    assert list(cache.glob("rm-*/rm_metrics.json"))  # fitted on first use, beside the SFT policy
+    step = rows[-1]
+    assert "hacking/rate" in step and step["critic/score/max"] != step["critic/score/min"]
