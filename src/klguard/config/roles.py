@@ -1,4 +1,5 @@
-"""The models a run builds (actor, reference, critic) and how each is split over the ranks.
+"""The models a run builds (actor, reference, critic), how each is split over the ranks, and which KL coefficient
+the controller steers.
 
 Tensor parallelism (`strategy: fsdp_turbo`) runs on one (dp, tp) grid whose tp size is the actor's. The
 reference and the critic are split over the same tp ranks (their default follows the actor's), or kept whole on
@@ -28,6 +29,22 @@ def uses_critic(cfg: Config) -> bool:
 def uses_reference(cfg: Config) -> bool:
     """The reference policy is needed for the KL in the reward or for the KL loss."""
     return cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
+
+
+def steers_kl_loss(cfg: Config) -> bool:
+    """The KL controller (and the guard's raise/lower actions) drive the KL-loss coefficient: the KL is a loss only
+    (GRPO style). With the KL in the reward too, they drive the in-reward coefficient and the loss's stays fixed."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward
+
+
+def kl_controlled(cfg: Config) -> bool:
+    """Some coefficient is steered, and by a controller that pursues target_kl (not a fixed one)."""
+    return cfg.algorithm.kl_ctrl.type != "fixed" and (cfg.algorithm.use_kl_in_reward or steers_kl_loss(cfg))
+
+
+def initial_kl_coef(cfg: Config) -> float:
+    """The steered coefficient's starting value: actor.kl_loss_coef when the KL is a loss only, else kl_ctrl's."""
+    return cfg.actor_rollout_ref.actor.kl_loss_coef if steers_kl_loss(cfg) else cfg.algorithm.kl_ctrl.kl_coef
 
 
 def sharding(cfg: Config, role: str):

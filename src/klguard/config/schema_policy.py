@@ -196,7 +196,8 @@ class ActorConfig:
     loss_agg_mode: LossAggMode = opt("token-mean", f"Loss aggregation: {choices(LossAggMode)}")
     entropy_coeff: float = opt(0.0, "Entropy bonus coefficient", rule=non_negative)
     use_kl_loss: bool = opt(False, "Add beta * KL(actor || ref) to the actor loss (GRPO style)")
-    kl_loss_coef: float = opt(0.001, "Coefficient of the KL loss", rule=non_negative)
+    kl_loss_coef: float = opt(0.001, "Coefficient of the KL loss; with the KL as a loss only (use_kl_in_reward=false) "
+                              "its starting value: algorithm.kl_ctrl and the guard then steer it", rule=non_negative)
     kl_loss_type: KLEstimator = opt(
         "low_var_kl", "KL estimator of the KL loss (see algorithm.kl_penalty)", unsupported=FULL_KL_REFUSED
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from klguard.config.roles import initial_kl_coef, kl_controlled
 from klguard.distributed.sharded_checkpoint import copy_weights
 from klguard.guard import Action, KLGuard
 from klguard.runtime.events import append_event
@@ -39,8 +40,7 @@ class GuardHooks:
         self.state, self.checkpoints, self.log = state, checkpoints, log
         self.enabled = cfg.guard.enable
         self.guard = KLGuard(cfg.guard, total_steps=total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
-                             kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
-                             kl_controlled=cfg.algorithm.kl_ctrl.type != "fixed" and cfg.algorithm.use_kl_in_reward)
+                             kl_coef=initial_kl_coef(cfg), kl_controlled=kl_controlled(cfg))
         self.events_path = Path(run_dir) / "events.jsonl"
         self.writes = writes
         self.pause_reason: str | None = None

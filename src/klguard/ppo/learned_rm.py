@@ -88,9 +88,11 @@ def _rm_model(cfg: LearnedRMConfig, tokenizer) -> LlamaForSequenceClassification
 
 
 def _accuracy(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> float:
+    if not len(labels):
+        return float("nan")
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits[:, 0]
-    return float(((logits > 0).float() == labels).float().mean()) if len(labels) else float("nan")
+    return float(((logits > 0).float() == labels).float().mean())
 
 
 def train_rm(texts: list[str], labels: list[float], cfg: LearnedRMConfig, tokenizer) -> tuple[torch.nn.Module, dict]:

@@ -8,7 +8,16 @@ from pathlib import Path
 import torch
 
 from klguard.algo.kl import build_kl_controller
-from klguard.config.roles import built_roles, role_tp, run_tp, strategy, tp_key, uses_critic, uses_reference
+from klguard.config.roles import (
+    built_roles,
+    initial_kl_coef,
+    role_tp,
+    run_tp,
+    strategy,
+    tp_key,
+    uses_critic,
+    uses_reference,
+)
 from klguard.config.roles import sharding as role_sharding
 from klguard.config.schema import BUILTIN_MODEL, Config, OptimConfig
 from klguard.data.arith import write_arith_parquet
@@ -158,6 +167,7 @@ def build_train_state(cfg: Config, ctx: DistContext, policy_path: Path, resume_f
     critic_optim, critic_sched = (build_optimizer(critic, cfg.critic.optim, total_steps) if critic is not None
                                   else (None, None))
     return TrainState(actor=actor, actor_optim=actor_optim, actor_sched=actor_sched,
-                      kl_ctrl=build_kl_controller(**vars(cfg.algorithm.kl_ctrl)), sampler=sampler,
+                      kl_ctrl=build_kl_controller(**vars(cfg.algorithm.kl_ctrl) | {"kl_coef": initial_kl_coef(cfg)}),
+                      sampler=sampler,
                       actor_grad_clip=cfg.actor_rollout_ref.actor.grad_clip, ref=ref, critic=critic,
                       critic_optim=critic_optim, critic_sched=critic_sched)

@@ -23,7 +23,7 @@ from torch import Tensor
 from klguard.algo.advantage import compute_advantage
 from klguard.algo.reward_shaping import shape_rewards, token_level_scores
 from klguard.config import Config, ConfigError, config_to_yaml
-from klguard.config.roles import run_tp
+from klguard.config.roles import run_tp, steers_kl_loss
 from klguard.config.validate import validate_world
 from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
@@ -136,6 +136,7 @@ class PPOTrainer:
         check_finite({"rewards": reward.scores})
         token_scores = token_level_scores(reward.scores, out.response_lengths, mask)
         ref_logprobs, token_rewards, kl_metrics = None, token_scores, {}
+        kl_coef = state.kl_ctrl.value  # this step's coefficient, in the reward or (steers_kl_loss) in the loss
         if state.ref is not None:  # 4. reference log-probs, the KL penalty in the reward, the KL controller
             with _timed(timing, "ref"):
                 ref_logprobs = self._reference_logprobs(prompts.layout, out)
@@ -149,7 +150,7 @@ class PPOTrainer:
         check_finite({"critic/values": values, "critic/advantages": advantages, "critic/returns": returns}, mask)
         batch = PPOBatch(out.input_ids, out.attention_mask, mask, out.old_logprobs, advantages, returns, values,
                          ref_logprobs)
-        update_metrics, nonfinite = self._update(prompts.layout, batch, vpreds, timing)  # 6. updates
+        update_metrics, nonfinite = self._update(prompts.layout, batch, vpreds, timing, kl_coef)  # 6. updates
         timing["step"] = time.perf_counter() - started  # 7. metrics
         state.step += 1
         for where in nonfinite:
@@ -198,7 +199,7 @@ class PPOTrainer:
                                kl_in_reward=alg.use_kl_in_reward)
         check_finite({"ref_log_probs": ref_logprobs, "kl": shaped.kl}, mask)  # before the controller sees it
         token_mean, seq_sum = shaped.kl_token_mean.item(), shaped.kl_seq_sum.item()
-        if alg.use_kl_in_reward and not state.kl_frozen:
+        if (alg.use_kl_in_reward or steers_kl_loss(self.cfg)) and not state.kl_frozen:  # the coefficient it steers
             state.kl_ctrl.update(seq_sum if alg.kl_ctrl.kl_unit == "seq_sum" else token_mean, n_steps=len(mask))
         return shaped.token_rewards, {"actor/reward_kl_penalty": token_mean, "actor/reward_kl_penalty_coeff": beta,
                                       "actor/kl_seq_sum": seq_sum}
@@ -217,8 +218,8 @@ class PPOTrainer:
             values = layout.gather(local.detach()) * mask
         return values, local if in_update else None
 
-    def _update(self, layout: RowLayout, batch: PPOBatch, vpreds: Tensor | None, timing: dict[str, float]
-                ) -> tuple[dict[str, float], list[str]]:
+    def _update(self, layout: RowLayout, batch: PPOBatch, vpreds: Tensor | None, timing: dict[str, float],
+                kl_coef: float) -> tuple[dict[str, float], list[str]]:
         """Critic first, the actor once the critic has warmed up, on this rank's rollouts; returns the metrics and
         the loss terms or grad norms whose mini-batch was not applied."""
         cfg, state = self.cfg, self.state
@@ -240,7 +241,8 @@ class PPOTrainer:
             with _timed(timing, "update_actor"):
                 metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg, mini_batch_size=mini,
                                         temperature=cfg.actor_rollout_ref.rollout.temperature, generator=gen,
-                                        grad_clip=state.actor_grad_clip, nonfinite=nonfinite, share_prompt=share)
+                                        grad_clip=state.actor_grad_clip, nonfinite=nonfinite, share_prompt=share,
+                                        kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
             metrics["actor/grad_clip"] = state.actor_grad_clip
             state.actor_sched.step()
             state.apply_lr_scale()

@@ -150,13 +150,15 @@ def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: ActorConfig, *,
                  mini_batch_size: int, temperature: float, generator: torch.Generator | None = None,
                  grad_clip: float | None = None, nonfinite: list[str] | None = None,
-                 share_prompt: bool = False) -> dict[str, float]:
+                 share_prompt: bool = False, kl_loss_coef: float | None = None) -> dict[str, float]:
     """One PPO policy update over `batch`; returns verl-named actor metrics (see _run_updates for `nonfinite`).
-    `share_prompt`: a micro-batch's groups of identical prompts run their prompt once (klguard.ppo.shared_prefix)."""
+    `share_prompt`: a micro-batch's groups of identical prompts run their prompt once (klguard.ppo.shared_prefix).
+    `kl_loss_coef`: the KL loss's coefficient when a controller steers it (None: `cfg.kl_loss_coef`)."""
     model.train()
+    coef = cfg.kl_loss_coef if kl_loss_coef is None else kl_loss_coef
     acc = _run_updates(
         _optimized(optimizer), optimizer, batch,
-        lambda part: _actor_loss(model, part, cfg, temperature, share_prompt), epochs=cfg.ppo_epochs,
+        lambda part: _actor_loss(model, part, cfg, temperature, share_prompt, coef), epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size,
         shuffle=cfg.shuffle, grad_clip=cfg.grad_clip if grad_clip is None else grad_clip, generator=generator,
         prefix="actor", nonfinite=nonfinite)
@@ -165,8 +167,8 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
     return metrics
 
 
-def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temperature: float, share_prompt: bool
-                ) -> tuple[Tensor, dict[str, float]]:
+def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temperature: float, share_prompt: bool,
+                kl_loss_coef: float) -> tuple[Tensor, dict[str, float]]:
     # entropy through autograd only when it is in the loss: its backward runs a softmax over the vocabulary
     logprobs, entropy = sequence_logprobs(model, part.input_ids, part.attention_mask, part.response_length,
                                           temperature, share_prompt=share_prompt, return_entropy=True,
@@ -191,9 +193,9 @@ def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temper
             raise ValueError("use_kl_loss needs reference log-probs in the batch")
         kl = kl_penalty(logprobs, part.ref_logprobs, cfg.kl_loss_type)
         kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
-        loss = loss + cfg.kl_loss_coef * kl_loss
+        loss = loss + kl_loss_coef * kl_loss
         stats["actor/kl_loss"] = kl_loss.item()
-        stats["actor/kl_coef"] = cfg.kl_loss_coef
+        stats["actor/kl_coef"] = kl_loss_coef
     return loss, stats
 
 
