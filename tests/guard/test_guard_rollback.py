@@ -32,7 +32,7 @@ def test_kl_loss_is_the_fallback_kl() -> None:
 
 
 def test_rollbacks_are_bounded_then_pause() -> None:
-    d = make()
+    d = make(hold_steps=0)  # every tightening counts as held: max_rollbacks alone bounds them
     for step in (5, 10, 15, 20, 25):
         d.run(steps({step: HARD}, step, start=step))
         if d.kinds(step)[0] == "rollback":
@@ -43,6 +43,24 @@ def test_rollbacks_are_bounded_then_pause() -> None:
     assert d.guard.rollbacks == 3
     assert d.guard.target_kl == pytest.approx(0.002)  # 0.015 -> 0.01 -> 0.005 -> floor
     assert d.guard.kl_coef == pytest.approx(0.8)  # 0.1 x 2 x 2 x 2
+
+
+@pytest.mark.parametrize(("calm", "second"), [(3, "pause"), (10, "rollback")])
+def test_a_rollback_whose_tightening_did_not_hold_pauses(calm, second) -> None:
+    """No ratchet: a trigger within guard.hold_steps calm steps of a rollback pauses instead of tightening again."""
+    d = make(hold_steps=10)
+    d.run(steps({5: HARD}, 5, start=5))
+    d.guard.on_rollback(2)
+    calm_kl = {"actor/reward_kl_penalty": 0.005}  # under the lowered target_kl (0.01): no kl_slow either
+    d.run(steps({s: calm_kl for s in range(6, 6 + calm)}, 5 + calm, start=6))  # calm steps after the restore
+    trigger = 6 + calm
+    d.run(steps({trigger: HARD}, trigger, start=trigger))
+    assert d.kinds(trigger)[0] == second
+    if second == "pause":
+        assert d.kinds(trigger) == ["pause"] and d.guard.rollbacks == 1  # no second tightening
+        assert f"{calm} calm steps after rollback 1 (guard.hold_steps=10)" in d.log[trigger][0].reason
+    else:
+        assert d.guard.rollbacks == 2 and d.metrics[trigger]["guard/rollbacks"] == 2.0
 
 
 def test_max_rollbacks_zero_pauses_at_once() -> None:

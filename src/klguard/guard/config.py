@@ -31,7 +31,8 @@ class GuardConfig:
     # Rule 1: policy change per update
     ppo_kl_max: float = opt(0.025, "actor/ppo_kl above this: warn and cut the lr", rule=_POSITIVE)
     lr_cut_factor: float = opt(0.5, "Each lr cut multiplies the lr scale by this", rule=_SHARE)
-    lr_floor_scale: float = opt(0.05, "The lr scale never goes below this share of the lr", rule=_SHARE)
+    lr_floor_scale: float = opt(
+        0.25, "The lr scale never goes below this share of the lr (was 0.05; no ratchet)", rule=_SHARE)
     patience: int = opt(5, "Consecutive steps with actor/ppo_kl above the max: pause", rule=_STEPS)
 
     # Rule 2: share of the KL penalty in the reward
@@ -39,7 +40,8 @@ class GuardConfig:
         0.5, "beta*KL per sequence / |mean score| above this: raise kl_coef (seed: 0.2: ratchets beta)", rule=_POSITIVE
     )
     kl_coef_raise_factor: float = opt(1.5, "kl_coef multiplier of the penalty-share rule", rule=_FACTOR)
-    kl_coef_max: float = opt(10.0, "The guard never raises kl_coef above this", rule=_POSITIVE)
+    kl_coef_max: float = opt(
+        10.0, "A kl_coef raise that would reach this pauses the run instead (no ratchet)", rule=_POSITIVE)
 
     # Rule 3: gradient norm
     grad_norm_max: float = opt(10.0, "actor/grad_norm above this: tighten grad clipping", rule=_POSITIVE)
@@ -62,6 +64,9 @@ class GuardConfig:
     rollback_kl_coef_factor: float = opt(6.0, "kl_coef multiplier after a rollback", rule=_FACTOR)
     rollback_lr_factor: float = opt(0.5, "lr scale multiplier after a rollback (1 = keep the lr)", rule=_SHARE)
     max_rollbacks: int = opt(3, "Rollbacks allowed in a run; the next trigger pauses", rule=_COUNT)
+    hold_steps: int = opt(
+        0, "Calm steps after a rollback that show its tightening held; a trigger sooner pauses (0 = off)",
+        rule=_COUNT)
     reanchor_on_rollback: bool = opt(
         True, "After a rollback the reference becomes the restored policy (KL then holds the run near it)"
     )

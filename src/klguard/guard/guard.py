@@ -140,6 +140,8 @@ class KLGuard:
             st.alarms["kl_slow"] = False
         val_dropped = rules.measure_validation(cfg, st, obs)
         evidence = measure_hacking(cfg, st, obs)
+        if st.rollbacks and self.is_stable():
+            st.calm_since_rollback += 1
 
         rollback = self._rollback(step, obs, val_dropped, evidence)
         if rollback:
@@ -175,7 +177,12 @@ class KLGuard:
         if st.rollbacks >= cfg.max_rollbacks:
             return [Action("pause", f"{why}, and all {cfg.max_rollbacks} rollbacks are used: pause the run.",
                            metric, value, threshold, None, None, step, rule)]
+        if st.rollbacks and st.calm_since_rollback < cfg.hold_steps:  # no ratchet: the last tightening did not hold
+            return [Action("pause", f"{why}, {st.calm_since_rollback} calm steps after rollback {st.rollbacks} "
+                           f"(guard.hold_steps={cfg.hold_steps}): its tightening did not hold, so pause instead of "
+                           "tightening again.", metric, value, threshold, None, None, step, rule)]
         st.rollbacks += 1
+        st.calm_since_rollback = 0
         out = [Action("rollback", f"{why}: roll back to the last stable checkpoint (rollback {st.rollbacks} of "
                       f"{cfg.max_rollbacks}).", metric, value, threshold, st.rollbacks - 1, st.rollbacks, step, rule)]
         tighten = [rules.lower_target_kl(cfg, st, step, rule, "After a rollback", metric, value, threshold),

@@ -17,14 +17,19 @@ effect of one change before the next (a raise lifts the penalty share at once, b
 
 def raise_kl_coef(cfg: GuardConfig, st: GuardState, step: int, rule: str, factor: float, why: str,
                   metric: str | None, value: float | None, threshold: float | None) -> Action | None:
-    """Multiply the guard's beta by ``factor`` (capped at ``kl_coef_max``).
+    """Multiply the guard's beta by ``factor``; a raise that would reach ``kl_coef_max`` pauses the run instead
+    (no ratchet: a beta at its cap holds the policy at the reference, which is a stopped run in disguise).
 
-    None while warm-up holds beta, when beta is unknown, or when it would not change (0 or at the cap).
+    None while warm-up holds beta, when beta is unknown, or when it would not change (0).
     """
     old = st.kl_coef
     if st.frozen or old is None:
         return None
-    new = min(old * factor, cfg.kl_coef_max)
+    new = old * factor
+    if new >= cfg.kl_coef_max:
+        return Action("pause", f"{why}: raising kl_coef from {old:.4g} by {factor:g}x would reach its cap "
+                      f"guard.kl_coef_max={cfg.kl_coef_max:g}: pause instead of tightening further.", metric, value,
+                      threshold, old, None, step, rule)
     if not new > old:
         return None
     st.kl_coef = new

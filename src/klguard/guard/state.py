@@ -25,6 +25,7 @@ class GuardState:
     grad_clip: float | None = None
     # Rollbacks and warm-up
     rollbacks: int = 0
+    calm_since_rollback: int = 0  # guard/stable steps since the last rollback (its tightening held at hold_steps)
     reference_step: int = 0  # the step whose weights the reference holds (0: the initial policy)
     frozen: bool = False
     resume_kl_coef: float | None = None

@@ -28,6 +28,9 @@ PAUSE_HINTS = {
     "val_drop": "raise algorithm.kl_ctrl.kl_coef, lower actor_rollout_ref.actor.optim.lr or raise guard.val_drop_max",
     "ppo_kl": "lower actor_rollout_ref.actor.optim.lr or raise guard.ppo_kl_max",
     "hacking": "raise algorithm.kl_ctrl.kl_coef or set guard.hacking_action=raise_kl_coef",
+    "penalty_share": "lower actor_rollout_ref.actor.optim.lr, or raise guard.penalty_share_max if the reward's "
+                     "scale is near 0 (a learned RM's often is)",
+    "kl_slow": "lower actor_rollout_ref.actor.optim.lr or raise algorithm.kl_ctrl.target_kl",
 }
 
 
