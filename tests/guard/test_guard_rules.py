@@ -75,7 +75,7 @@ def test_a_raise_that_would_reach_the_cap_pauses_instead() -> None:
     news = [a.new for acts in d.log.values() for a in acts if a.kind == "raise_kl_coef"]
     assert news == [pytest.approx(0.15)]  # 0.15 x 1.5 = 0.225 would pass the cap 0.2
     pause = next(a for acts in d.log.values() for a in acts if a.kind == "pause")
-    assert pause.rule == "penalty_share" and "would reach its cap guard.kl_coef_max=0.2" in pause.reason
+    assert pause.rule == "kl_coef_cap" and "would reach its cap guard.kl_coef_max=0.2 (penalty_share)" in pause.reason
     assert d.guard.kl_coef == pytest.approx(0.15)
 
 

@@ -15,6 +15,9 @@ KL's level (penalty share, slow control) wait a cooldown after any raise, so the
 effect of one change before the next (a raise lifts the penalty share at once, beta x KL)."""
 
 
+KL_COEF_CAP = "kl_coef_cap"  # the rule name of the pause a capped raise becomes
+
+
 def raise_kl_coef(cfg: GuardConfig, st: GuardState, step: int, rule: str, factor: float, why: str,
                   metric: str | None, value: float | None, threshold: float | None) -> Action | None:
     """Multiply the guard's beta by ``factor``; a raise that would reach ``kl_coef_max`` pauses the run instead
@@ -28,8 +31,8 @@ def raise_kl_coef(cfg: GuardConfig, st: GuardState, step: int, rule: str, factor
     new = old * factor
     if new >= cfg.kl_coef_max:
         return Action("pause", f"{why}: raising kl_coef from {old:.4g} by {factor:g}x would reach its cap "
-                      f"guard.kl_coef_max={cfg.kl_coef_max:g}: pause instead of tightening further.", metric, value,
-                      threshold, old, None, step, rule)
+                      f"guard.kl_coef_max={cfg.kl_coef_max:g} ({rule}): pause instead of tightening further.", metric,
+                      value, threshold, old, None, step, KL_COEF_CAP)
     if not new > old:
         return None
     st.kl_coef = new

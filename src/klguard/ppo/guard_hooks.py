@@ -31,7 +31,12 @@ PAUSE_HINTS = {
     "penalty_share": "lower actor_rollout_ref.actor.optim.lr, or raise guard.penalty_share_max if the reward's "
                      "scale is near 0 (a learned RM's often is)",
     "kl_slow": "lower actor_rollout_ref.actor.optim.lr or raise algorithm.kl_ctrl.target_kl",
+    "kl_coef_cap": "lower actor_rollout_ref.actor.optim.lr (a beta at the cap only holds the policy at its "
+                   "reference), or raise guard.kl_coef_max",
 }
+
+
+DEFAULT_HINT = "adjust the guard.* threshold named above"
 
 
 class GuardHooks:
@@ -59,7 +64,7 @@ class GuardHooks:
 
     def _apply(self, action: Action) -> None:
         state = self.state
-        self._record(action)
+        self._record(action, PAUSE_HINTS.get(action.rule, DEFAULT_HINT) if action.kind == "pause" else None)
         if action.kind == "cut_lr":
             state.lr_scale = action.new
             state.apply_lr_scale()
@@ -82,7 +87,7 @@ class GuardHooks:
         elif action.kind == "reanchor_reference":
             self._reanchor_reference(int(action.new))
         elif action.kind == "pause":
-            hint = PAUSE_HINTS.get(action.rule, "adjust the guard.* threshold named above")
+            hint = PAUSE_HINTS.get(action.rule, DEFAULT_HINT)
             self.pause_reason = f"{action.reason} To go on: {hint}, then rerun (trainer.resume_mode=auto resumes)."
 
     def _reanchor_reference(self, step: int) -> None:
@@ -93,10 +98,11 @@ class GuardHooks:
         self.state.reference_step = step
         self.log(f"klguard: the reference is now the policy of step {step}")
 
-    def _record(self, action: Action) -> None:
+    def _record(self, action: Action, hint: str | None = None) -> None:
+        """One line of events.jsonl; a pause's carries `to_go_on`, what to change before rerunning."""
         if not self.writes:
             return
-        append_event(self.events_path, action.to_dict())
+        append_event(self.events_path, action.to_dict() | ({"to_go_on": hint} if hint else {}))
 
     def confirms(self, step: int) -> bool:
         """Whether step `step` found the weights it started from calm (no alarm, no rollback)."""

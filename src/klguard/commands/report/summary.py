@@ -45,6 +45,12 @@ def text_table(runs: Sequence[RunRecord]) -> str:
         lines.append(f"{label:<34}{cells}")
     actions = "".join(f"{r.action_count:>{width}}" for r in runs)
     lines.append(f"{'guard actions':<34}{actions}")
+    lines.append(f"{'steps trained':<34}" + "".join(f"{r.steps:>{width}}" for r in runs))
+    for run in runs:  # a paused run says so, with the guard's reason
+        pause = next((e for e in run.events if e.get("kind") == "pause"), None)
+        if pause is not None:
+            hint = f" To go on: {pause['to_go_on']}." if pause.get("to_go_on") else ""
+            lines.append(f"{run.label} paused at step {pause.get('step')}: {pause.get('reason', '')}{hint}")
     return "\n".join(lines)
 
 
