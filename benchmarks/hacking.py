@@ -2,6 +2,7 @@
 
     python benchmarks/hacking.py                 # 3 seeds, every contender (~30 min on 2 cores)
     python benchmarks/hacking.py --seeds 1 2 --only guarded verl_default seed_recipe
+    python benchmarks/hacking.py --out /tmp/lrm --seeds 1 2 proxy_reward.kind=learned_rm   # the learned-RM exploit
 
 Each contender is a config override set (klguard/recipes.py); every run is an ordinary
 `klguard train` in benchmarks/results/hacking/<contender>_s<seed>/ (`klguard report` reads it).
@@ -39,9 +40,11 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     "verl_default": VERL_DEFAULT,
     "seed_recipe": SEED_RECIPE,
     "fixed_0.01": fixed_coef(0.01),
+    "fixed_0.03": fixed_coef(0.03),
     "fixed_0.1": fixed_coef(0.1),
     "fixed_0.3": fixed_coef(0.3),
     "fixed_0.5": fixed_coef(0.5),
+    "fixed_1.0": fixed_coef(1.0),
     "guarded": GUARDED_DEFAULT,
     "guarded_warmup0": (*GUARDED_DEFAULT, "guard.warmup_kl_coef=0"),  # the seed's warm-up: beta 0 for 20% of steps
     # the seed's claim: target_kl 0.015 hacks ~40% less than 0.03, with a better true score
