@@ -13,7 +13,7 @@ from klguard.config import Config
 from klguard.distributed.context import resolve_device
 from klguard.model.loading import apply_precision, load_policy, load_tokenizer
 from klguard.ppo.scoring import validate_policy
-from klguard.ppo.setup import build_datasets, resolve_learned_rm, resolve_model_path
+from klguard.ppo.setup import build_datasets, resolve_learned_rm
 from klguard.reward.manager import RewardManager
 from klguard.runtime.seeding import seed_everything
 
@@ -30,6 +30,6 @@ def evaluate_checkpoint(config: Config, checkpoint: str | Path) -> dict[str, flo
         model = apply_precision(model, config.actor_rollout_ref.actor.fsdp_config.dtype, device)
     else:
         model = load_policy(source.weights, config, trainable=False, device=device)
-    learned_rm = resolve_learned_rm(config, resolve_model_path(config))  # the run's proxy, fit to its SFT policy
+    learned_rm = resolve_learned_rm(config)  # the run's proxy, fit to its SFT policy
     rewards = RewardManager(config, tokenizer, learned_rm=learned_rm)
     return validate_policy(model, tokenizer, rewards, val_data, config, device)

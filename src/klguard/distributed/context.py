@@ -27,7 +27,7 @@ from klguard.errors import ConfigError
 RAISE_ON_RANK_ENV = "KLGUARD_TEST_RAISE_ON_RANK"
 
 
-_DATA_PARALLEL: dict = {"group": None, "rank": 0, "size": 1}  # the group rows are split over (None: the world)
+_DATA_PARALLEL: dict = {"group": None}  # the process group rows are split over (None: the world)
 
 
 @dataclass
@@ -131,15 +131,16 @@ def init_distributed(device_name: str, timeout_s: float = 1800.0, tp_size: int =
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device.type, (ctx.dp_size, tp_size), mesh_dim_names=("dp", "tp"))
-        _DATA_PARALLEL.update(group=mesh["dp"].get_group(), rank=ctx.dp_rank, size=ctx.dp_size)
+        _DATA_PARALLEL["group"] = mesh["dp"].get_group()
     return ctx
 
 
 def data_parallel() -> tuple[object | None, int, int]:
     """(group, rank, size) of the data-parallel ranks: the world unless tensor parallelism is on."""
-    if _DATA_PARALLEL["group"] is None and is_distributed():
-        return None, dist.get_rank(), dist.get_world_size()
-    return _DATA_PARALLEL["group"], _DATA_PARALLEL["rank"], _DATA_PARALLEL["size"]
+    group = _DATA_PARALLEL["group"]
+    if not is_distributed():
+        return None, 0, 1
+    return group, dist.get_rank(group), dist.get_world_size(group)
 
 
 def barrier() -> None:
@@ -150,7 +151,7 @@ def barrier() -> None:
 
 def shutdown() -> None:
     """Leave the process group (a no-op for one process)."""
-    _DATA_PARALLEL.update(group=None, rank=0, size=1)
+    _DATA_PARALLEL["group"] = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from klguard.config.schema import LearnedRMConfig, SFTConfig
 from klguard.data.arith import make_arith_rows
 from klguard.ppo.rollout import SamplingParams, generate
-from klguard.ppo.warm_start import _publish, cache_root
+from klguard.ppo.warm_start import cache_root, publish
 from klguard.reward.gsm8k import compute_score
 from klguard.reward.model_rm import render_chat
 
@@ -134,7 +134,7 @@ def ensure_learned_rm(cfg: LearnedRMConfig, sft: SFTConfig, policy: Path, *, for
     tokenizer.save_pretrained(tmp)
     metrics["recipe"] = rm_recipe(cfg, policy, max_new_tokens)
     (tmp / "rm_metrics.json").write_text(json.dumps(metrics, indent=1))
-    _publish(tmp, out, "rm_metrics.json", replace=force)
+    publish(tmp, out, "rm_metrics.json", replace=force)
     log(f"klguard: learned RM accuracy {metrics['train_accuracy']:.3f} on its samples, "
         f"{metrics['held_out_accuracy']:.3f} held out ({metrics['gold_correct_share']:.3f} of them gold-correct)")
     return out

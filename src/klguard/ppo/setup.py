@@ -126,11 +126,12 @@ def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: P
     return actor, ref, critic
 
 
-def resolve_learned_rm(cfg: Config, policy_path: Path, *, log=print) -> Path | None:
-    """The built-in learned RM's folder when it is the proxy (proxy_reward.kind=learned_rm): fit to `policy_path`'s
-    samples now unless cached (klguard.ppo.learned_rm); None otherwise."""
+def resolve_learned_rm(cfg: Config, policy_path: Path | None = None, *, log=print) -> Path | None:
+    """The built-in learned RM's folder when it is the proxy (proxy_reward.kind=learned_rm): fit to the samples of
+    `policy_path` (default: the run's SFT policy) now unless cached (klguard.ppo.learned_rm); None otherwise."""
     if cfg.proxy_reward.kind != "learned_rm" or not proxy_enabled(cfg):
         return None
+    policy_path = policy_path or resolve_model_path(cfg, log=log)
     return ensure_learned_rm(cfg.proxy_reward.learned_rm, cfg.sft, policy_path, form=cfg.data.builtin_form,
                              max_new_tokens=cfg.data.max_response_length, log=log)
 
@@ -138,14 +139,15 @@ def resolve_learned_rm(cfg: Config, policy_path: Path, *, log=print) -> Path | N
 def check_split(cfg: Config) -> None:
     """Before any rendezvous: every model a tensor-parallel run splits can be split (its HF config read from its
     folder; the built-in policy, not trained yet, is checked when it is sharded)."""
-    arr = cfg.actor_rollout_ref
-    paths = {"actor": arr.model.path, "ref": arr.model.path, "critic": cfg.critic.model.path or arr.model.path}
+    arr, own_critic = cfg.actor_rollout_ref, cfg.critic.model.path is not None
     for role in built_roles(cfg):
-        if role_tp(cfg, role) > 1 and paths[role] != BUILTIN_MODEL:
-            key = "critic.model.path" if role == "critic" and cfg.critic.model.path else "actor_rollout_ref.model.path"
-            folder = check_model_folder(paths[role], key)
-            check_tensor_parallel(hf_config(folder, arr.model.override_config, arr.model.trust_remote_code, key),
-                                  role_tp(cfg, role), tp_key(role))
+        model = cfg.critic.model if role == "critic" and own_critic else arr.model
+        key = "critic.model.path" if model is cfg.critic.model else "actor_rollout_ref.model.path"
+        if role_tp(cfg, role) > 1 and model.path != BUILTIN_MODEL:
+            folder = check_model_folder(model.path, key)
+            trust = arr.model.trust_remote_code
+            check_tensor_parallel(hf_config(folder, model.override_config, trust, key), role_tp(cfg, role),
+                                  tp_key(role))
 
 
 def generation_weights(cfg: Config, actor: torch.nn.Module, policy_path: Path,

@@ -140,7 +140,8 @@ class PPOTrainer:
         if state.ref is not None:  # 4. reference log-probs, the KL penalty in the reward, the KL controller
             with _timed(timing, "ref"):
                 ref_logprobs = self._reference_logprobs(prompts.layout, out)
-            token_rewards, kl_metrics = self._shape_rewards(token_scores, out.old_logprobs, ref_logprobs, mask)
+            token_rewards, kl_metrics = self._shape_rewards(token_scores, out.old_logprobs, ref_logprobs, mask,
+                                                            kl_coef)
         values, vpreds = self._values(prompts.layout, out, mask, timing)  # 5. values and advantages
         with _timed(timing, "adv"):
             advantages, returns = compute_advantage(
@@ -190,11 +191,11 @@ class PPOTrainer:
                 out.response_mask.shape[1], arr.rollout.temperature, share_prompt=arr.model.share_prompt_forward,
                 micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu))
 
-    def _shape_rewards(self, token_scores: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor
-                       ) -> tuple[Tensor, dict[str, float]]:
-        """Token rewards with the KL penalty (algorithm.use_kl_in_reward), then the controller sees the batch KL."""
+    def _shape_rewards(self, token_scores: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor,
+                       beta: float) -> tuple[Tensor, dict[str, float]]:
+        """Token rewards with the KL penalty `beta` x KL (algorithm.use_kl_in_reward), then the controller sees the
+        batch KL."""
         alg, state = self.cfg.algorithm, self.state
-        beta = state.kl_ctrl.value
         shaped = shape_rewards(token_scores, old_logprobs, ref_logprobs, mask, estimator=alg.kl_penalty, beta=beta,
                                kl_in_reward=alg.use_kl_in_reward)
         check_finite({"ref_log_probs": ref_logprobs, "kl": shaped.kl}, mask)  # before the controller sees it

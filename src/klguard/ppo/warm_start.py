@@ -59,11 +59,11 @@ def ensure_builtin_tokenizer(cfg: SFTConfig) -> Path:
     if not (out / "tokenizer_config.json").is_file():
         tmp = out.with_name(out.name + f".partial-{os.getpid()}")
         build_char_tokenizer().save_pretrained(tmp)
-        _publish(tmp, out, "tokenizer_config.json")
+        publish(tmp, out, "tokenizer_config.json")
     return out
 
 
-def _publish(tmp: Path, out: Path, marker: str, *, replace: bool = False) -> None:
+def publish(tmp: Path, out: Path, marker: str, *, replace: bool = False) -> None:
     """Rename the finished cache folder `tmp` to `out` (atomic). Builds are deterministic, so when another process
     (e.g. the other run of `klguard demo`) published a complete `out` first, its folder is kept and `tmp`
     dropped; an incomplete `out` (a crash mid-copy of an older klguard) is replaced, a complete one only when
@@ -93,7 +93,7 @@ def ensure_sft_policy(cfg: SFTConfig, *, form: str = "a+b-c", force: bool = Fals
     shutil.rmtree(tmp, ignore_errors=True)
     metrics = run_sft(cfg, tmp, form=form, log=log)
     (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=1))
-    _publish(tmp, out, "sft_metrics.json", replace=force)
+    publish(tmp, out, "sft_metrics.json", replace=force)
     return out
 
 
