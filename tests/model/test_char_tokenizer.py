@@ -86,7 +86,7 @@ def test_any_task_string_round_trips(text: str) -> None:
 
 def test_cache_publish_keeps_a_folder_another_process_finished_first(tmp_path):
     """Two runs of `klguard demo` built the tokenizer cache at once; the second rename used to fail (ENOTEMPTY)."""
-    from klguard.ppo.warm_start import _publish
+    from klguard.ppo.warm_start import publish
 
     out = tmp_path / "cache"
     out.mkdir()
@@ -94,14 +94,14 @@ def test_cache_publish_keeps_a_folder_another_process_finished_first(tmp_path):
     tmp = tmp_path / "cache.partial-2"
     tmp.mkdir()
     (tmp / "done").write_text("second")
-    _publish(tmp, out, "done")  # the other process won: its complete folder stays, ours goes
+    publish(tmp, out, "done")  # the other process won: its complete folder stays, ours goes
     assert (out / "done").read_text() == "first" and not tmp.exists()
     tmp.mkdir()
     (tmp / "done").write_text("forced")
-    _publish(tmp, out, "done", replace=True)  # sft --force rebuilds on purpose
+    publish(tmp, out, "done", replace=True)  # sft --force rebuilds on purpose
     assert (out / "done").read_text() == "forced" and not tmp.exists()
     (out / "done").unlink()  # a half-written folder left by a crash is replaced
     tmp.mkdir()
     (tmp / "done").write_text("fresh")
-    _publish(tmp, out, "done")
+    publish(tmp, out, "done")
     assert (out / "done").read_text() == "fresh"
