@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from klguard.commands.cli import main
 from klguard.config import load_config
 from klguard.ppo.learned_rm import ensure_learned_rm, learned_rm_dir
+from klguard.reward.ensemble import member_folders
 from klguard.reward.manager import RewardManager
 from klguard.reward.proxy import reference_response
 
@@ -41,8 +42,13 @@ def test_the_rm_is_deterministic_and_cached(policy, tmp_path):
     messages: list[str] = []
     first = _build(_config(tmp_path / "a"), policy, messages.append)
     second = _build(_config(tmp_path / "b"), policy)
-    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # same recipe, same weights
+    members = member_folders(first)
+    assert [m.name for m in members] == ["member-0", "member-1", "member-2"]  # the default: an ensemble of 3
+    for member in members:
+        a, b = load_file(member / "model.safetensors"), load_file(second / member.name / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # same recipe, same weights
+    a, b = (load_file(m / "model.safetensors") for m in members[:2])
+    assert not all(torch.equal(a[k], b[k]) for k in a)  # each member has its own resample and initialisation
     assert (first / "rm_metrics.json").read_text() == (second / "rm_metrics.json").read_text()
     assert sum("fitting the learned reward model" in m for m in messages) == 1
     again: list[str] = []
@@ -75,12 +81,21 @@ def test_the_rm_scores_and_flags_hacking_against_the_short_correct_answer(policy
     prompts = [[{"role": "user", "content": "1+2-3=?"}]] * 3 + [[{"role": "user", "content": "5+5-1=?"}]]
     texts, truths = ["#### 0", "#### 7", "#### 0 Q:1+1-1=?A:#### 1", "#### 9"], ["0", "0", "0", "9"]
     out = rewards(texts, [len(t) + 1 for t in texts], ["klguard/arith"] * 4, truths, [{}] * 4, prompts)
-    rm = ModelReward(cfg, torch.device("cpu"), folder)
-    assert torch.equal(out.scores, rm(prompts, texts))  # PPO optimises the RM's score, nothing added
+    members = [ModelReward(cfg, torch.device("cpu"), m, user=False) for m in member_folders(folder)]
+    each = torch.stack([rm(prompts, texts) for rm in members])
+    tol = 1e-6 * each.abs().max().item()  # float32 rounding of a mean over 3 at the scores' scale
+    assert torch.allclose(out.scores, each.mean(0), atol=tol, rtol=0)  # PPO optimises the members' mean
+    assert torch.allclose(out.spread, each.std(0, correction=0), atol=tol, rtol=0) and out.spread.min() > 0
     assert out.gold.tolist() == [1.0, 0.0, 0.0, 1.0]  # gold stays the rule (the LAST answer counts)
-    yardstick = rm(prompts, [reference_response(t) for t in truths])
+    yardstick = torch.stack([rm(prompts, [reference_response(t) for t in truths]) for rm in members]).mean(0)
     assert out.hacked.tolist() == [bool(g == 0 and s >= y - 1e-6) for g, s, y in
                                    zip(out.gold, out.scores, yardstick, strict=True)]
+    # the members as a user's ensemble: comma-separated folders, the worst case optimised
+    user = load_config(None, ["reward_model.enable=true", "reward_model.ensemble_reduce=min",
+                              "reward_model.model.path=" + ",".join(str(m) for m in member_folders(folder))]).config
+    worst = RewardManager(user, tok, device=torch.device("cpu"))(texts, [1] * 4, ["x"] * 4, truths, [{}] * 4, prompts)
+    assert torch.equal(worst.scores, each.min(0).values) and worst.gold is None
+    assert torch.allclose(worst.spread, out.spread, atol=tol, rtol=0)
 
 
 def test_a_run_optimises_the_learned_rm(fast_overrides, tmp_path):

@@ -13,10 +13,14 @@ from typing import Literal
 from klguard.config.fields import at_least, choices, fail, finite, greater, non_negative, opt, section
 from klguard.errors import ConfigError
 
+EnsembleReduce = Literal["mean", "min", "uwo"]
+
 
 @dataclass
 class RewardModelModelConfig:
-    path: str | None = opt(None, "Local HF folder of an AutoModelForSequenceClassification reward model (one label)")
+    path: str | None = opt(
+        None, "Local HF folder of an AutoModelForSequenceClassification reward model (one label); several "
+        "folders, comma-separated, form an ensemble (reward_model.ensemble_reduce)")
     trust_remote_code: bool = opt(False, "Allow model code shipped inside the reward model folder")
     override_config: dict = opt({}, "Overrides applied to the reward model's HF config before loading")
 
@@ -38,6 +42,11 @@ class RewardModelConfig:
     rule_weight: float = opt(
         0.0, "Add this times the rule/custom score to the RM score (ours; 0 = verl, the RM score alone)", rule=finite
     )
+    ensemble_reduce: EnsembleReduce = opt("mean", "How an ensemble's scores become one (ours): " + choices(
+        EnsembleReduce, mean="their mean", min="the worst case (Coste et al. 2024)",
+        uwo="mean - uwo_weight x variance (Coste et al.'s uncertainty-weighted optimisation)"))
+    uwo_weight: float = opt(0.5, "The variance weight of ensemble_reduce=uwo (ours; not tuned here)",
+                            rule=non_negative)
 
     def check(self, key: str) -> None:
         if self.enable and not self.model.path:
@@ -72,6 +81,9 @@ class LearnedRMConfig:
     num_layers: int = opt(1, "RM decoder layers", rule=at_least(1))
     num_heads: int = opt(2, "RM attention heads (must divide hidden_size)", rule=at_least(1))
     seed: int = opt(0, "Seed of the RM's samples, initialisation and batch order")
+    ensemble_size: int = opt(
+        3, "Members, each fit to its own bootstrap resample (1 = one RM on all samples); reduced by "
+        "reward_model.ensemble_reduce, their spread is logged as hacking/rm_ensemble_std", rule=at_least(1))
 
     def check(self, key: str) -> None:
         if self.hidden_size % self.num_heads:

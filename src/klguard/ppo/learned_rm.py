@@ -76,14 +76,14 @@ def sample_labelled(policy: Path, cfg: LearnedRMConfig, *, form: str, max_new_to
     return texts, labels, tokenizer
 
 
-def _rm_model(cfg: LearnedRMConfig, tokenizer) -> LlamaForSequenceClassification:
+def _rm_model(cfg: LearnedRMConfig, tokenizer, member: int) -> LlamaForSequenceClassification:
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
                          num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
                          intermediate_size=2 * cfg.hidden_size, max_position_embeddings=128, num_labels=1,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed + member)
         return LlamaForSequenceClassification(config)
 
 
@@ -95,20 +95,31 @@ def _accuracy(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
     return float(((logits > 0).float() == labels).float().mean())
 
 
-def train_rm(texts: list[str], labels: list[float], cfg: LearnedRMConfig, tokenizer) -> tuple[torch.nn.Module, dict]:
-    """The RM fit to the first 4/5 of the samples, and its accuracy on both parts."""
+def member_rows(cfg: LearnedRMConfig, member: int, n: int) -> torch.Tensor:
+    """The training rows of one member: all ``n`` for a single RM, else a bootstrap resample (n draws with
+    replacement, the member's own), so that members disagree where the samples leave them free to."""
+    if cfg.ensemble_size == 1:
+        return torch.arange(n)
+    gen = torch.Generator().manual_seed(cfg.seed * 1009 + member + 1)
+    return torch.randint(0, n, (n,), generator=gen)
+
+
+def train_rm(texts: list[str], labels: list[float], cfg: LearnedRMConfig, tokenizer, member: int = 0
+             ) -> tuple[torch.nn.Module, dict]:
+    """One member fit to (a resample of) the first 4/5 of the samples, and its accuracy on both parts."""
     tokenizer.padding_side = "right"
     enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
     ids, mask, y = enc["input_ids"], enc["attention_mask"], torch.tensor(labels)
     cut = int(len(texts) * (1 - HELD_OUT_SHARE))
-    model = _rm_model(cfg, tokenizer)
+    rows = member_rows(cfg, member, cut)
+    model = _rm_model(cfg, tokenizer, member)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + member)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     loss = torch.zeros(())
     for _ in range(cfg.epochs):
         model.train()
-        for batch in torch.randperm(cut, generator=gen).split(cfg.batch_size):
+        for batch in rows[torch.randperm(len(rows), generator=gen)].split(cfg.batch_size):
             loss = loss_fn(model(input_ids=ids[batch], attention_mask=mask[batch]).logits[:, 0], y[batch])
             loss.backward()
             optim.step()
@@ -129,12 +140,20 @@ def ensure_learned_rm(cfg: LearnedRMConfig, sft: SFTConfig, policy: Path, *, for
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     texts, labels, tokenizer = sample_labelled(policy, cfg, form=form, max_new_tokens=max_new_tokens)
-    model, metrics = train_rm(texts, labels, cfg, tokenizer)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    metrics["recipe"] = rm_recipe(cfg, policy, max_new_tokens)
+    members = []
+    for member in range(cfg.ensemble_size):
+        model, metrics = train_rm(texts, labels, cfg, tokenizer, member)
+        target = tmp if cfg.ensemble_size == 1 else tmp / f"member-{member}"
+        model.save_pretrained(target, safe_serialization=True)
+        tokenizer.save_pretrained(target)
+        members.append(metrics)
+    metrics = {key: sum(m[key] for m in members) / len(members) for key in ("train_accuracy", "held_out_accuracy",
+                                                                           "final_loss")}
+    metrics |= {"gold_correct_share": members[0]["gold_correct_share"], "samples": len(texts), "members": members,
+                "recipe": rm_recipe(cfg, policy, max_new_tokens)}
     (tmp / "rm_metrics.json").write_text(json.dumps(metrics, indent=1))
     publish(tmp, out, "rm_metrics.json", replace=force)
     log(f"klguard: learned RM accuracy {metrics['train_accuracy']:.3f} on its samples, "
-        f"{metrics['held_out_accuracy']:.3f} held out ({metrics['gold_correct_share']:.3f} of them gold-correct)")
+        f"{metrics['held_out_accuracy']:.3f} held out (mean of {cfg.ensemble_size} member(s); "
+        f"{metrics['gold_correct_share']:.3f} of the samples gold-correct)")
     return out

@@ -1,5 +1,8 @@
 """Step and validation metrics with verl's names, plus our `hacking/*` family.
 
+Gold-free signals of hacking, logged on every run: `hacking/repeated_ngram_share` (looping text) and, with an RM
+ensemble, `hacking/rm_ensemble_std` (the members' disagreement).
+
 Hacking rate: the share of responses that gold says are wrong (gold score 0) while the proxy scores
 them at least as high as the short correct answer to the same prompt would score.
 """
@@ -40,6 +43,9 @@ def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, ad
     }
     if values is not None:
         metrics |= _stats("critic/values", values, mask)
+    metrics["hacking/repeated_ngram_share"] = repeated_ngram_share(out.response_ids, out.response_mask)
+    if reward.spread is not None:
+        metrics["hacking/rm_ensemble_std"] = reward.spread.float().mean().item()
     if reward.gold is not None:
         gold, proxy = reward.gold.float(), reward.scores.float()
         metrics |= {
@@ -50,6 +56,19 @@ def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, ad
             "hacking/length_reward_corr": _corr(lengths, proxy),
         }
     return metrics
+
+
+REPEAT_N = 3
+
+
+def repeated_ngram_share(ids: Tensor, mask: Tensor, n: int = REPEAT_N) -> float:
+    """Mean over responses of the share of a response's token n-grams that repeat an earlier one of the same
+    response (0 for a response shorter than n + 1 tokens): degenerate, looping text scores near 1."""
+    shares = []
+    for row, valid in zip(ids.tolist(), mask.sum(-1).tolist(), strict=True):
+        grams = [tuple(row[i : i + n]) for i in range(int(valid) - n + 1)]
+        shares.append(1 - len(set(grams)) / len(grams) if grams else 0.0)
+    return sum(shares) / len(shares) if shares else 0.0
 
 
 def _corr(x: Tensor, y: Tensor) -> float:

@@ -34,6 +34,7 @@ class RewardOutput:
     scores: torch.Tensor  # [N] what PPO optimises
     gold: torch.Tensor | None  # [N] the true score, where one exists
     hacked: torch.Tensor | None  # [N] bool: gold says wrong, the proxy scores it at least as a correct answer
+    spread: torch.Tensor | None = None  # [N] an RM ensemble's disagreement (standard deviation over members)
 
 
 def load_custom_reward(path: str, name: str) -> Callable[..., Any]:
@@ -86,9 +87,12 @@ class RewardManager:
         self.learned_rm = learned_rm is not None
         if config.reward_model.enable or learned_rm is not None:
             from klguard.distributed.context import resolve_device
-            from klguard.reward.model_rm import ModelReward
+            from klguard.reward.ensemble import RewardEnsemble, member_folders, user_rm_folders
 
-            self.model = ModelReward(config, device or resolve_device(config.trainer.device), learned_rm)
+            folders = user_rm_folders(config.reward_model.model.path) if learned_rm is None \
+                else member_folders(learned_rm)
+            self.model = RewardEnsemble(config, device or resolve_device(config.trainer.device), folders,
+                                        user=learned_rm is None)
 
     def _rule(self, i: int, data_source: str, text: str, ground_truth: str, extra_info: Any) -> float:
         try:
@@ -111,16 +115,18 @@ class RewardManager:
         if prompts is None:
             raise ValueError("a reward model needs the prompts")
         lengths = torch.tensor([float(n) for n in n_tokens])
-        scores = self.model(prompts, texts) - self.rm_cfg.length_penalty * lengths
+        rm = self.model(prompts, texts)
+        scores = rm.scores - self.rm_cfg.length_penalty * lengths
         has_rule = self.custom is not None or all(has_gold_rule(ds) for ds in data_sources)
         if not has_rule and self.rm_cfg.rule_weight == 0:
-            return RewardOutput(scores, None, None)
+            return RewardOutput(scores, None, None, rm.spread)
         gold = torch.tensor(self._rules(texts, data_sources, ground_truths, extra_infos))
         scores = scores + self.rm_cfg.rule_weight * gold
         if self.learned_rm:  # the built-in task: the yardstick is the RM's score of the short correct answer
-            yardstick = self.model(prompts, [reference_response(gt) for gt in ground_truths])
-            return RewardOutput(scores, gold, hacking_flags(gold, scores, yardstick + self.rm_cfg.rule_weight))
-        return RewardOutput(scores, gold, hacked_by_model(gold, scores))
+            yardstick = self.model(prompts, [reference_response(gt) for gt in ground_truths]).scores
+            hacked = hacking_flags(gold, scores, yardstick + self.rm_cfg.rule_weight)
+            return RewardOutput(scores, gold, hacked, rm.spread)
+        return RewardOutput(scores, gold, hacked_by_model(gold, scores), rm.spread)
 
     def __call__(self, texts: Sequence[str], n_tokens: Sequence[int], data_sources: Sequence[str],
                  ground_truths: Sequence[str], extra_infos: Sequence[Any],

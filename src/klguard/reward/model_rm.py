@@ -38,12 +38,11 @@ def render_chat(tokenizer, prompt: Sequence[dict[str, str]], response: str) -> s
 
 
 class ModelReward:
-    """The user's reward model (`reward_model.model.path`), or the built-in learned RM's `folder`."""
+    """One reward model: a user's folder (`user`: `reward_model.model.*` applies), or a built-in learned RM's."""
 
-    def __init__(self, config: Config, device: torch.device, folder: Path | None = None) -> None:
+    def __init__(self, config: Config, device: torch.device, folder: Path, *, user: bool) -> None:
         rm = config.reward_model
-        user = folder is None
-        folder = check_model_folder(rm.model.path, KEY) if user else folder
+        folder = check_model_folder(folder, KEY) if user else folder
         trust = rm.model.trust_remote_code and user
         self.tokenizer = set_pad_token(hf_load(AutoTokenizer.from_pretrained, folder, KEY, trust_remote_code=trust),
                                        KEY)
