@@ -12,9 +12,11 @@ from typing import Literal, get_args
 
 from klguard.config.fields import at_least, check_tree, choices, fail, greater, interval, opt
 from klguard.errors import ConfigError
+from klguard.guard.state import HACK_SIGNALS
 
 HackingAction = Literal["raise_kl_coef", "rollback", "none"]
 HACKING_ACTIONS: tuple[str, ...] = get_args(HackingAction)
+DEFAULT_HACKING_SIGNALS = ["length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence"]
 
 # the rules most fields share
 _POSITIVE, _SHARE, _TOLERANCE = greater(0), interval("(0, 1]"), at_least(0)
@@ -106,6 +108,15 @@ class GuardConfig:
         0.1, "Relative length growth that counts as 'growing' for the correlation signal", rule=_TOLERANCE
     )
     entropy_collapse_ratio: float = opt(0.3, "actor/entropy below this x baseline: hacking signal", rule=_SHARE)
+    kl_growth_factor: float = opt(
+        3.0, "actor/kl_seq_sum above this x baseline (and above kl_growth_min): hacking signal", rule=_FACTOR)
+    kl_growth_min: float = opt(1.0, "KL per sequence (nats) the kl_growth signal needs at least", rule=_TOLERANCE)
+    repetition_rise: float = opt(
+        0.15, "hacking/repeated_ngram_share above baseline + this: hacking signal", rule=_TOLERANCE)
+    rm_spread_factor: float = opt(
+        2.0, "hacking/rm_ensemble_std (an RM ensemble's spread) above this x baseline: hacking signal", rule=_FACTOR)
+    hacking_signals: list[str] = opt(
+        DEFAULT_HACKING_SIGNALS, "Signals that raise the hacking alarm (the others are only logged as guard/hack_*)")
     hacking_action: HackingAction = opt(
         "rollback", f"Response to a hacking alarm: {choices(HackingAction, rollback='then tighten')}"
     )
@@ -117,6 +128,9 @@ class GuardConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 fail(f"{key}.{f.name}", value, "must be finite")
+        for name in self.hacking_signals:
+            if name not in HACK_SIGNALS:
+                fail(f"{key}.hacking_signals", name, f"is not a signal; known: {', '.join(HACK_SIGNALS)}")
         if self.spike_min_history > self.spike_window:
             fail(f"{key}.spike_min_history", self.spike_min_history, f"must be <= spike_window ({self.spike_window})")
 

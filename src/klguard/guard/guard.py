@@ -102,8 +102,11 @@ class KLGuard:
             return True
         kl_ok = st.last_kl is None or st.last_kl <= self.cfg.kl_hard_limit
         length_ok = st.length_ratio is None or st.length_ratio <= 1 + self.cfg.stable_length_growth
-        return (kl_ok and length_ok and not any(st.alarms.values()) and not any(st.hack.values())
-                and not st.val_falling)
+        return kl_ok and length_ok and not any(st.alarms.values()) and not self._alarmed() and not st.val_falling
+
+    def _alarmed(self) -> bool:
+        """Whether a signal that raises the hacking alarm (guard.hacking_signals) is active."""
+        return any(self._st.hack[name] for name in self.cfg.hacking_signals)
 
     def guard_metrics(self) -> dict[str, float]:
         """``guard/*`` metrics for the latest step (flags as 0/1); empty when the guard is disabled."""
@@ -112,7 +115,7 @@ class KLGuard:
         st = self._st
         out = {f"guard/alarm_{name}": float(st.alarms[name]) for name in ALARMS}
         out |= {f"guard/hack_{name}": float(st.hack[name]) for name in HACK_SIGNALS}
-        out |= {"guard/hacking_alarm": float(any(st.hack.values())), "guard/target_kl": st.target_kl,
+        out |= {"guard/hacking_alarm": float(self._alarmed()), "guard/target_kl": st.target_kl,
                 "guard/lr_scale": st.lr_scale, "guard/rollbacks": float(st.rollbacks),
                 "guard/in_warmup": float(st.frozen), "guard/stable": float(self.is_stable())}
         optional = {"guard/kl_coef": st.kl_coef, "guard/grad_clip": st.grad_clip,

@@ -23,12 +23,14 @@ LR = "actor/lr"
 LENGTH = "response_length/mean"
 ENTROPY = "actor/entropy"
 LENGTH_CORR = "hacking/length_reward_corr"
+REPETITION = "hacking/repeated_ngram_share"
+RM_SPREAD = "hacking/rm_ensemble_std"
 VAL_PREFIX = "val-core/"
 VAL_PART = "/acc/"
 
 INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, GRAD_NORM,
                                   GRAD_CLIP,
-                                  LR, LENGTH, ENTROPY, LENGTH_CORR, "val-core/*/acc/*")
+                                  LR, LENGTH, ENTROPY, LENGTH_CORR, REPETITION, RM_SPREAD, "val-core/*/acc/*")
 """Every metric the guard reads."""
 
 
@@ -48,6 +50,8 @@ class Observation:
     length: float | None = None
     entropy: float | None = None
     length_corr: float | None = None
+    repetition: float | None = None
+    rm_spread: float | None = None
     val: float | None = None
 
 
@@ -81,7 +85,8 @@ def read_metrics(metrics: Mapping[str, float]) -> Observation:
         ppo_kl=_get(metrics, PPO_KL), kl=kl, kl_name=kl_name, kl_coef=kl_coef,
         kl_seq_sum=_get(metrics, KL_SEQ_SUM), score=_get(metrics, SCORE), grad_norm=_get(metrics, GRAD_NORM),
         grad_clip=_get(metrics, GRAD_CLIP), lr=_get(metrics, LR), length=_get(metrics, LENGTH),
-        entropy=_get(metrics, ENTROPY), length_corr=_get(metrics, LENGTH_CORR), val=validation_score(metrics),
+        entropy=_get(metrics, ENTROPY), length_corr=_get(metrics, LENGTH_CORR), repetition=_get(metrics, REPETITION),
+        rm_spread=_get(metrics, RM_SPREAD), val=validation_score(metrics),
     )
 
 

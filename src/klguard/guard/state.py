@@ -10,8 +10,10 @@ STATE_VERSION = 1
 ALARMS: tuple[str, ...] = ("ppo_kl", "penalty_share", "grad_norm", "val_drop", "kl_hard", "kl_spike", "kl_slow")
 """Rule alarms, reported as ``guard/alarm_<name>``."""
 
-HACK_SIGNALS: tuple[str, ...] = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence")
-"""Reward-hacking signals, reported as ``guard/hack_<name>``; any of them raises the hacking alarm."""
+HACK_SIGNALS: tuple[str, ...] = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence",
+                                  "kl_growth", "repetition", "rm_spread")
+"""Reward-hacking signals, each reported as ``guard/hack_<name>``; those in ``guard.hacking_signals`` raise the
+hacking alarm."""
 
 
 @dataclass
@@ -48,6 +50,9 @@ class GuardState:
     length_recent: list[float] = field(default_factory=list)  # the last stable_length_window lengths
     length_ratio: float | None = None  # their mean over the baseline
     entropy_base: list[float] = field(default_factory=list)
+    kl_seq_base: list[float] = field(default_factory=list)
+    repetition_base: list[float] = field(default_factory=list)
+    rm_spread_base: list[float] = field(default_factory=list)
     # Flags of the latest step, and the step each rule last fired
     alarms: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(ALARMS, False))
     hack: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(HACK_SIGNALS, False))
@@ -69,9 +74,9 @@ class GuardState:
             raise ValueError(f"unknown guard state keys: {', '.join(unknown)}")
         out = cls(**state)
         # Copy the containers so the caller's dict is never aliased
-        out.kl_history, out.length_base, out.entropy_base = list(out.kl_history), list(out.length_base), list(
-            out.entropy_base)
-        out.length_recent = list(out.length_recent)
+        for name in ("kl_history", "length_base", "entropy_base", "length_recent", "kl_seq_base", "repetition_base",
+                     "rm_spread_base"):
+            setattr(out, name, list(getattr(out, name)))
         out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
         out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}
         out.last_fired = {str(k): int(v) for k, v in out.last_fired.items()}
