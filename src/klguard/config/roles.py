@@ -27,8 +27,10 @@ def uses_critic(cfg: Config) -> bool:
 
 
 def uses_reference(cfg: Config) -> bool:
-    """The reference policy is needed for the KL in the reward or for the KL loss."""
-    return cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
+    """The reference policy is needed for the KL in the reward, for the KL loss, or for PAR shaping (its responses'
+    reward)."""
+    return (cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
+            or cfg.reward_model.shaping == "par")
 
 
 def steers_kl_loss(cfg: Config) -> bool:
@@ -85,6 +87,9 @@ def check_parallel(cfg: Config) -> None:
         if role != "actor" and size not in (1, tp):
             fail(tp_key(role), size, f"must be the actor's tensor_parallel_size ({tp}) or 1: klguard runs one "
                  "(dp, tp) mesh")
+    if tp > 1 and cfg.reward_model.shaping == "par":
+        fail("reward_model.shaping", "par", "is not supported with tensor parallelism (the reference policy would "
+             "generate on its tp shards)")
     rollout_tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     if tp > 1 and rollout_tp not in (1, tp):
         fail("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp,

@@ -14,6 +14,7 @@ from klguard.config.fields import at_least, choices, fail, finite, greater, non_
 from klguard.errors import ConfigError
 
 EnsembleReduce = Literal["mean", "min", "uwo"]
+Shaping = Literal["none", "par"]
 
 
 @dataclass
@@ -47,6 +48,9 @@ class RewardModelConfig:
         uwo="mean - uwo_weight x variance (Coste et al.'s uncertainty-weighted optimisation)"))
     uwo_weight: float = opt(0.5, "The variance weight of ensemble_reduce=uwo (ours; not tuned here)",
                             rule=non_negative)
+    shaping: Shaping = opt("none", "Reward shaping (ours): " + choices(
+        Shaping, none="the score as it is", par="sigmoid(score - the score of the reference policy's response to "
+        "the same prompt), Fu et al. 2025's PAR"))
 
     def check(self, key: str) -> None:
         if self.enable and not self.model.path:

@@ -1,4 +1,11 @@
-"""Scoring rollouts and validating a policy: shared by the trainer and `klguard eval`."""
+"""Scoring rollouts and validating a policy: shared by the trainer and `klguard eval`; PAR shaping.
+
+PAR (`reward_model.shaping=par`, Fu et al. 2025, "Reward shaping to mitigate reward hacking in RLHF"): PPO
+optimises sigmoid(r - r_ref), r_ref the score of the reference policy's own response to the same prompt (one
+sampled per row, with the rollout's sampling settings). The shaped reward is bounded and saturates once a
+response beats the reference's, so pushing the raw score ever higher, where the reward model is wrong, stops
+paying.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import torch
 from klguard.config import Config
 from klguard.data.dataset import RLDataset, collate_left_pad
 from klguard.distributed import data_parallel, even_slice
+from klguard.distributed.fsdp import unsharded
 from klguard.model.loading import precision_scope
 from klguard.ppo.metrics import validation_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
@@ -21,6 +29,23 @@ def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch) ->
         skip_special_tokens=True)
     return rewards(texts, out.response_lengths.tolist(), [r.data_source for r in rows],
                    [r.ground_truth for r in rows], [r.extra_info for r in rows], prompts=[r.raw_prompt for r in rows])
+
+
+def par_shaped(scores: torch.Tensor, reference_scores: torch.Tensor) -> torch.Tensor:
+    """PAR: sigmoid(score - the reference response's score), per row."""
+    return torch.sigmoid(scores - reference_scores)
+
+
+@torch.no_grad()
+def reference_scores(ref: torch.nn.Module, rewards: RewardManager, tokenizer, rows, prompt_ids: torch.Tensor,
+                     prompt_mask: torch.Tensor, index: torch.Tensor, order: torch.Tensor, params: SamplingParams,
+                     generator: torch.Generator, reshard_after_forward: bool) -> torch.Tensor:
+    """The score of a response the reference policy samples for each row's prompt (PAR's r_ref)."""
+    timing: dict[str, float] = {}
+    with unsharded(ref, reshard_after_forward, timing), precision_scope(ref):
+        ref.eval()
+        out = generate_rows(ref, prompt_ids, prompt_mask, index, order, params, generator=generator)
+    return score_rollout(rewards, tokenizer, rows, out).scores
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,7 +23,7 @@ from torch import Tensor
 from klguard.algo.advantage import compute_advantage
 from klguard.algo.reward_shaping import shape_rewards, token_level_scores
 from klguard.config import Config, ConfigError, config_to_yaml
-from klguard.config.roles import run_tp, steers_kl_loss
+from klguard.config.roles import run_tp, sharding, steers_kl_loss
 from klguard.config.validate import validate_world
 from klguard.data.dataset import collate_left_pad
 from klguard.data.sampler import PromptSampler
@@ -35,7 +35,7 @@ from klguard.ppo.checkpointing import Checkpoints
 from klguard.ppo.guard_hooks import GuardHooks
 from klguard.ppo.metrics import rollout_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
-from klguard.ppo.scoring import score_rollout, validate_policy
+from klguard.ppo.scoring import par_shaped, reference_scores, score_rollout, validate_policy
 from klguard.ppo.setup import (
     build_datasets,
     build_train_state,
@@ -134,7 +134,11 @@ class PPOTrainer:
         with _timed(timing, "reward"):  # 3. rewards: the score sits on the last response token
             reward = score_rollout(self.rewards, self.tokenizer, prompts.rows, out)
         check_finite({"rewards": reward.scores})
-        token_scores = token_level_scores(reward.scores, out.response_lengths, mask)
+        scores = reward.scores
+        if cfg.reward_model.shaping == "par":  # PAR: the score relative to the reference policy's response
+            with _timed(timing, "par"):
+                scores = par_shaped(scores, self._reference_scores(prompts))
+        token_scores = token_level_scores(scores, out.response_lengths, mask)
         ref_logprobs, token_rewards, kl_metrics = None, token_scores, {}
         kl_coef = state.kl_ctrl.value  # this step's coefficient, in the reward or (steers_kl_loss) in the loss
         if state.ref is not None:  # 4. reference log-probs, the KL penalty in the reward, the KL controller
@@ -182,6 +186,16 @@ class PPOTrainer:
             return generate_rows(model, prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
                                  prompts.layout.index, prompts.layout.order, self.sampling,
                                  generator=step_generator(self.cfg.trainer.seed, self.state.step, 0, self.device))
+
+    def _reference_scores(self, prompts: PromptBatch) -> Tensor:
+        """PAR's r_ref: the reference policy's own responses to the step's prompts, scored (their own stream of
+        sampling noise); the compiled decode step is kept for the actor."""
+        params = replace(self.sampling, compile_step=False)
+        generator = step_generator(self.cfg.trainer.seed, self.state.step, 3, self.device)
+        return reference_scores(self.state.ref, self.rewards, self.tokenizer, prompts.rows,
+                                prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
+                                prompts.layout.index, prompts.layout.order, params, generator,
+                                sharding(self.cfg, "ref").reshard_after_forward)
 
     def _reference_logprobs(self, layout: RowLayout, out: RolloutBatch) -> Tensor:
         arr = self.cfg.actor_rollout_ref

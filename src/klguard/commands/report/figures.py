@@ -36,6 +36,10 @@ PANELS: tuple[Panel, ...] = (
           (("actor/reward_kl_penalty_coeff", "beta"), ("actor/kl_coef", "beta of the KL loss")), log_y=True),
     Panel("Actor learning rate", "lr", (("actor/lr", "lr"),)),
     Panel("Actor gradient norm (before clipping)", "L2 norm", (("actor/grad_norm", "grad norm"),)),
+    Panel("RM ensemble spread (gold-free signal)", "std over members (mean)",
+          (("hacking/rm_ensemble_std", "spread"),)),
+    Panel("Repeated 3-grams (gold-free signal)", "share of a response's 3-grams",
+          (("hacking/repeated_ngram_share", "repeats"),)),
 )
 
 ACTION_COLORS = {"rollback": "tab:red", "pause": "black", "cut_lr": "tab:purple", "raise_kl_coef": "tab:orange",
