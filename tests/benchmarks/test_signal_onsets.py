@@ -1,0 +1,45 @@
+"""benchmarks/signal_onsets.py on a hand-made run: the gold peak and fall, each signal's first firing, the
+summary's leads and false alarms."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "signal_onsets.py"
+_spec = importlib.util.spec_from_file_location("bench_signal_onsets", _PATH)
+onsets = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = onsets
+_spec.loader.exec_module(onsets)
+
+VAL = "val-core/arith/acc/mean@1"
+
+
+def _write(path: Path, gold: dict[int, float], length_from: int | None) -> Path:
+    rows = []
+    for step in range(0, 61):
+        row = {"step": step}
+        if step:
+            row |= {"response_length/mean": 20.0 if length_from is not None and step >= length_from else 10.0,
+                    "actor/kl_seq_sum": 0.1, "actor/entropy": 1.0, "critic/score/mean": 1.0}
+        if step in gold:
+            row[VAL] = gold[step]
+        rows.append(json.dumps(row))
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_a_hacking_run_and_a_healthy_one(tmp_path):
+    gold = {0: 0.7, 10: 0.8, 20: 0.9, 30: 0.85, 40: 0.5, 50: 0.2, 60: 0.1}
+    hacked = onsets.replay(_write(tmp_path / "a.jsonl", gold, length_from=35))
+    assert (hacked["peak_step"], hacked["fall_step"], hacked["hacks"]) == (20, 40, True)
+    assert hacked["onsets"]["length_growth"] == 35  # 20 > 1.75 x the baseline of 10
+    assert hacked["onsets"]["rm_spread"] is None and hacked["onsets"]["kl_growth"] is None
+    healthy = onsets.replay(_write(tmp_path / "b.jsonl", {0: 0.7, 30: 0.8, 60: 0.78}, length_from=50))
+    assert not healthy["hacks"] and healthy["fall_step"] is None
+    summary = onsets.summarize({"a": hacked, "b": healthy})["length_growth"]
+    assert summary == {"hacking_runs": 1, "fired": 1, "before_peak": 0, "before_fall": 1,
+                       "median_lead_over_peak": -15, "median_lead_over_fall": 5, "healthy_runs": 1,
+                       "false_alarms": 1}
