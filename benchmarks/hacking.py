@@ -39,6 +39,8 @@ def _controller(kind: str, target: float) -> tuple[str, ...]:
             "algorithm.kl_penalty=low_var_kl", "guard.enable=false")
 
 
+GOLD_FREE_TRIGGERS = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence", "kl_growth",
+                      "rm_spread")
 CONTENDERS: dict[str, tuple[str, ...]] = {
     "verl_default": VERL_DEFAULT,
     "seed_recipe": SEED_RECIPE,
@@ -49,6 +51,16 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     "fixed_0.5": fixed_coef(0.5),
     "fixed_1.0": fixed_coef(1.0),
     "guarded": GUARDED_DEFAULT,
+    # the guard with the gold-free signals kl_growth and rm_spread acting too
+    "guarded_gold_free": (*GUARDED_DEFAULT, f"guard.hacking_signals=[{','.join(GOLD_FREE_TRIGGERS)}]"),
+    # a user without gold: validation is no signal (no val_drop rollback, no proxy/validation divergence)
+    # (the gold validation is still run, to measure the run, and the guard sees it but cannot act on it)
+    "guarded_no_gold": (*GUARDED_DEFAULT, "guard.val_drop_max=1000", "guard.val_fall_tol=1000",
+                        f"guard.hacking_signals=[{','.join(GOLD_FREE_TRIGGERS[:3] + GOLD_FREE_TRIGGERS[4:])}]"),
+    "verl_default_par": (*VERL_DEFAULT, "reward_model.shaping=par"),  # Fu et al.'s PAR on verl's default KL
+    # the guard over the PI controller with k3, target 0.03 (an earlier measurement's best trade-off)
+    "guarded_pid": ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.target_kl=0.03",
+                    "algorithm.kl_penalty=low_var_kl"),
     "guarded_warmup0": (*GUARDED_DEFAULT, "guard.warmup_kl_coef=0"),  # the seed's warm-up: beta 0 for 20% of steps
     # the seed's claim: target_kl 0.015 hacks ~40% less than 0.03, with a better true score
     # (adaptive at 0.015 is seed_recipe itself)
