@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--summarize-only", action="store_true",
                         help="train nothing: re-read the run directories already in OUT/hacking/")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="train only the runs without a finished run directory (summary.json) in OUT/hacking/")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run (e.g. sft.cache_dir=DIR)")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -120,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             for cell in cells for seed in args.seeds for name in names]
     if not args.summarize_only:
         _prepare(cells, args.overrides)
-        for _, job in jobs:
+        todo = [job for _, job in jobs if not (args.skip_done and (job.run_dir / "summary.json").is_file())]
+        for job in todo:
             fresh_run_dir(job.run_dir)
-        run_jobs([job for _, job in jobs], parallel=args.parallel, desc="hacking benchmark")
+        run_jobs(todo, parallel=args.parallel, desc="hacking benchmark")
 
     per_run = {job.label: _figures(job.run_dir, job.label) for _, job in jobs}
     result_file = out / "hacking.json"
