@@ -69,6 +69,16 @@ def test_penalty_share_uses_absolute_score(score: float, fires: bool) -> None:
     assert ("raise_kl_coef" in d.kinds(1)) is fires
 
 
+@pytest.mark.parametrize(("low", "high", "fires"), [(-0.5, 2.0, False), (0.0, 2.0, True), (-3.0, -0.1, True)])
+def test_penalty_share_needs_scores_of_one_sign(low: float, high: float, fires: bool) -> None:
+    # a reward model's logits straddle 0: |mean score| is then no scale, and the share is undefined (no raise)
+    d = make()
+    d.run(steps({1: {"actor/kl_seq_sum": 2.5, "critic/score/mean": 0.5 if high > 0 else -1.0,
+                     "critic/score/min": low, "critic/score/max": high}}, 1))
+    assert ("raise_kl_coef" in d.kinds(1)) is fires
+    assert ("guard/penalty_share" in d.metrics[1]) is fires
+
+
 def test_a_raise_that_would_reach_the_cap_pauses_instead() -> None:
     d = make(kl_coef_max=0.2, cooldown=1)
     d.run(steps({s: {"actor/kl_seq_sum": 5.0} for s in range(1, 6)}, 5))

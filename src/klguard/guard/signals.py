@@ -17,6 +17,7 @@ KL_COEF = "actor/reward_kl_penalty_coeff"
 KL_LOSS_COEF = "actor/kl_coef"
 KL_SEQ_SUM = "actor/kl_seq_sum"
 SCORE = "critic/score/mean"
+SCORE_MIN, SCORE_MAX = "critic/score/min", "critic/score/max"
 GRAD_NORM = "actor/grad_norm"
 GRAD_CLIP = "actor/grad_clip"
 LR = "actor/lr"
@@ -28,7 +29,8 @@ RM_SPREAD = "hacking/rm_ensemble_std"
 VAL_PREFIX = "val-core/"
 VAL_PART = "/acc/"
 
-INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, GRAD_NORM,
+INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, SCORE_MIN,
+                                  SCORE_MAX, GRAD_NORM,
                                   GRAD_CLIP,
                                   LR, LENGTH, ENTROPY, LENGTH_CORR, REPETITION, RM_SPREAD, "val-core/*/acc/*")
 """Every metric the guard reads."""
@@ -44,6 +46,8 @@ class Observation:
     kl_coef: float | None = None
     kl_seq_sum: float | None = None
     score: float | None = None
+    score_min: float | None = None
+    score_max: float | None = None
     grad_norm: float | None = None
     grad_clip: float | None = None
     lr: float | None = None
@@ -83,7 +87,8 @@ def read_metrics(metrics: Mapping[str, float]) -> Observation:
         kl_coef = _get(metrics, KL_LOSS_COEF) if kl_coef is None else kl_coef
     return Observation(
         ppo_kl=_get(metrics, PPO_KL), kl=kl, kl_name=kl_name, kl_coef=kl_coef,
-        kl_seq_sum=_get(metrics, KL_SEQ_SUM), score=_get(metrics, SCORE), grad_norm=_get(metrics, GRAD_NORM),
+        kl_seq_sum=_get(metrics, KL_SEQ_SUM), score=_get(metrics, SCORE), score_min=_get(metrics, SCORE_MIN),
+        score_max=_get(metrics, SCORE_MAX), grad_norm=_get(metrics, GRAD_NORM),
         grad_clip=_get(metrics, GRAD_CLIP), lr=_get(metrics, LR), length=_get(metrics, LENGTH),
         entropy=_get(metrics, ENTROPY), length_corr=_get(metrics, LENGTH_CORR), repetition=_get(metrics, REPETITION),
         rm_spread=_get(metrics, RM_SPREAD), val=validation_score(metrics),
@@ -97,10 +102,15 @@ def penalty_share(obs: Observation) -> float | None:
     each response's tokens, averaged over the batch, so ``beta * S`` is the mean penalty a sequence
     pays) and ``m`` is ``critic/score/mean``. ``|m|`` stands in for the mean absolute score; the two
     agree when all scores have one sign, as with the built-in proxy reward. None when an input is
-    missing, ``m`` is 0 or the share overflows. Measured per sequence, not per token, so length hacking (one costly
-    skipped EOS spread over many tokens) still shows up in full.
+    missing, ``m`` is 0, the share overflows, or the batch's scores have both signs
+    (``critic/score/min`` < 0 < ``critic/score/max``, as a reward model's logits do): a score centred near 0 makes
+    the share as large as it likes, and the rule then ratcheted beta to its cap on the learned-RM exploit.
+    Measured per sequence, not per token, so length hacking (one costly skipped EOS spread over many tokens) still
+    shows up in full.
     """
     if obs.kl_coef is None or obs.kl_seq_sum is None or obs.score is None or obs.score == 0:
+        return None
+    if obs.score_min is not None and obs.score_max is not None and obs.score_min < 0 < obs.score_max:
         return None
     share = obs.kl_coef * obs.kl_seq_sum / abs(obs.score)
     return share if math.isfinite(share) else None
