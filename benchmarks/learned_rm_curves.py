@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = [load_run(args.cell / name, name) for name in args.runs]
     fig, axes = plt.subplots(len(PANELS), len(runs), figsize=(4.2 * len(runs), 2.6 * len(PANELS)), squeeze=False,
-                             sharex=True)
+                             sharex=True, sharey="row")
     for col, run in enumerate(runs):
         for row, (key, title) in enumerate(PANELS):
             ax = axes[row][col]
