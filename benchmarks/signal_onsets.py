@@ -8,7 +8,8 @@ the guard off shows where each signal would have fired. Per run: the gold peak (
 gold), the fall (the first validation at least FALL below that peak, after it), and each signal's first firing.
 A run hacks when its final gold is at least FALL below its peak. Per signal: in the hacking runs, how often it
 fired before the peak and before the fall, its median lead over each (steps; negative: it fired after); in the
-runs that do not hack, how often it fired at all (false alarms). Writes signal_onsets.json beside the runs.
+runs that do not hack, how often it fired at all (false alarms). Writes signal_onsets.json beside the folder of
+runs (benchmarks/results/signal_onsets.json, beside hacking.json).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"fall": FALL, "runs": runs, "summary": {g: summarize(rs) for g, rs in by_group.items()}}
     for group, summary in result["summary"].items():
         print_table(summary, f"signals on {group} ({len(by_group[group])} guard-off runs)")
-    out = args.root / "signal_onsets.json"
+    out = args.root.parent / "signal_onsets.json"  # beside hacking.json
     out.write_text(json.dumps(result, indent=1))
     print(f"\nwritten: {out}")
     return 0
