@@ -24,8 +24,12 @@ def start_train(overrides: list[str], stderr_path: Path, **env: str) -> subproce
 
 
 def records(run: Path) -> list[dict]:
+    """The complete lines of a run's metrics.jsonl: polled while the run writes, the last line may be half there."""
     path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def comparable(record: dict) -> dict:
