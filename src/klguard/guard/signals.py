@@ -30,9 +30,8 @@ VAL_PREFIX = "val-core/"
 VAL_PART = "/acc/"
 
 INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, SCORE_MIN,
-                                  SCORE_MAX, GRAD_NORM,
-                                  GRAD_CLIP,
-                                  LR, LENGTH, ENTROPY, LENGTH_CORR, REPETITION, RM_SPREAD, "val-core/*/acc/*")
+                                  SCORE_MAX, GRAD_NORM, GRAD_CLIP, LR, LENGTH, ENTROPY, LENGTH_CORR, REPETITION,
+                                  RM_SPREAD, "val-core/*/acc/*")
 """Every metric the guard reads."""
 
 

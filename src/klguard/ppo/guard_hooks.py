@@ -64,7 +64,8 @@ class GuardHooks:
 
     def _apply(self, action: Action) -> None:
         state = self.state
-        self._record(action, PAUSE_HINTS.get(action.rule, DEFAULT_HINT) if action.kind == "pause" else None)
+        hint = PAUSE_HINTS.get(action.rule, DEFAULT_HINT) if action.kind == "pause" else None
+        self._record(action, hint)
         if action.kind == "cut_lr":
             state.lr_scale = action.new
             state.apply_lr_scale()
@@ -87,7 +88,6 @@ class GuardHooks:
         elif action.kind == "reanchor_reference":
             self._reanchor_reference(int(action.new))
         elif action.kind == "pause":
-            hint = PAUSE_HINTS.get(action.rule, DEFAULT_HINT)
             self.pause_reason = f"{action.reason} To go on: {hint}, then rerun (trainer.resume_mode=auto resumes)."
 
     def _reanchor_reference(self, step: int) -> None:

@@ -104,13 +104,18 @@ def member_rows(cfg: LearnedRMConfig, member: int, n: int) -> torch.Tensor:
     return torch.randint(0, n, (n,), generator=gen)
 
 
-def train_rm(texts: list[str], labels: list[float], cfg: LearnedRMConfig, tokenizer, member: int = 0
-             ) -> tuple[torch.nn.Module, dict]:
-    """One member fit to (a resample of) the first 4/5 of the samples, and its accuracy on both parts."""
+def encode_samples(texts: list[str], labels: list[float], tokenizer) -> tuple[torch.Tensor, ...]:
+    """(ids, mask, labels) of the samples, right-padded: encoded once for every member."""
     tokenizer.padding_side = "right"
     enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
-    ids, mask, y = enc["input_ids"], enc["attention_mask"], torch.tensor(labels)
-    cut = int(len(texts) * (1 - HELD_OUT_SHARE))
+    return enc["input_ids"], enc["attention_mask"], torch.tensor(labels)
+
+
+def train_rm(samples: tuple[torch.Tensor, ...], cfg: LearnedRMConfig, tokenizer, member: int = 0
+             ) -> tuple[torch.nn.Module, dict]:
+    """One member fit to (a resample of) the first 4/5 of the encoded samples, and its accuracy on both parts."""
+    ids, mask, y = samples
+    cut = int(len(y) * (1 - HELD_OUT_SHARE))
     rows = member_rows(cfg, member, cut)
     model = _rm_model(cfg, tokenizer, member)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -127,7 +132,7 @@ def train_rm(texts: list[str], labels: list[float], cfg: LearnedRMConfig, tokeni
     model.eval()
     return model, {"train_accuracy": _accuracy(model, ids[:cut], mask[:cut], y[:cut]),
                    "held_out_accuracy": _accuracy(model, ids[cut:], mask[cut:], y[cut:]),
-                   "gold_correct_share": float(y.mean()), "final_loss": float(loss.detach()), "samples": len(texts)}
+                   "gold_correct_share": float(y.mean()), "final_loss": float(loss.detach()), "samples": len(y)}
 
 
 def ensure_learned_rm(cfg: LearnedRMConfig, sft: SFTConfig, policy: Path, *, form: str, max_new_tokens: int,
@@ -140,9 +145,9 @@ def ensure_learned_rm(cfg: LearnedRMConfig, sft: SFTConfig, policy: Path, *, for
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     texts, labels, tokenizer = sample_labelled(policy, cfg, form=form, max_new_tokens=max_new_tokens)
-    members = []
+    samples, members = encode_samples(texts, labels, tokenizer), []
     for member in range(cfg.ensemble_size):
-        model, metrics = train_rm(texts, labels, cfg, tokenizer, member)
+        model, metrics = train_rm(samples, cfg, tokenizer, member)
         target = tmp if cfg.ensemble_size == 1 else tmp / f"member-{member}"
         model.save_pretrained(target, safe_serialization=True)
         tokenizer.save_pretrained(target)
