@@ -133,6 +133,21 @@ def test_spike_below_target_is_not_a_spike() -> None:
     assert d.fired() == {} and d.metrics[8]["guard/alarm_kl_spike"] == 0.0
 
 
+def test_a_median_of_rounding_noise_is_no_spike_baseline() -> None:
+    # policy == reference: the KL estimates are float rounding around 0, positive here (median 1e-9); KL then jumps
+    # well above target_kl. Over a median under spike_median_floor x target_kl (0.1 x 0.015) nothing is a spike,
+    # whichever sign the noise has; once the median clears the floor, 3x it is.
+    noise = {1: 1e-9, 2: -2e-9, 3: 3e-9, 4: 1e-9, 5: 2e-9}
+    d = make()
+    d.run(steps({s: {"actor/reward_kl_penalty": v} for s, v in noise.items()} | {6: {"actor/reward_kl_penalty": 0.04}},
+                6))
+    assert d.fired() == {} and d.metrics[6]["guard/alarm_kl_spike"] == 0.0
+    base = {s: {"actor/reward_kl_penalty": 0.0016} for s in range(1, 6)}  # median 0.0016 >= 0.0015: a baseline
+    d = make()
+    d.run(steps(base | {6: {"actor/reward_kl_penalty": 0.04}}, 6))
+    assert d.kinds(6) == ["lower_target_kl"] and d.log[6][0].threshold == pytest.approx(0.0048)
+
+
 def test_target_never_below_its_floor() -> None:
     d = make(target_kl=0.006, cooldown=0, spike_min_history=1)
     d.run(steps({s: {"actor/reward_kl_penalty": 0.01 * 4**s} for s in range(2, 5)}, 4))

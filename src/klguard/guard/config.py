@@ -79,6 +79,9 @@ class GuardConfig:
     )
     spike_window: int = opt(20, "Steps in the running median of the KL", rule=_STEPS)
     spike_min_history: int = opt(5, "KL values needed before spikes are detected (<= spike_window)", rule=_STEPS)
+    spike_median_floor: float = opt(
+        0.1, "Spikes need a running median of at least this share of target_kl (near 0 it is float noise)",
+        rule=_TOLERANCE)
     slow_window: int = opt(10, "Consecutive steps with KL above target_kl before kl_coef is raised", rule=_STEPS)
     slow_kl_coef_factor: float = opt(1.2, "kl_coef multiplier when KL stays above target", rule=_FACTOR)
     cooldown: int = opt(10, "Steps between two firings of the same rule", rule=_COUNT)

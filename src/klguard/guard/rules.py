@@ -158,8 +158,9 @@ def act_grad_norm(cfg: GuardConfig, st: GuardState, step: int, obs: Observation)
 
 def measure_kl(cfg: GuardConfig, st: GuardState, obs: Observation) -> float | None:
     """Spike: KL above ``spike_factor`` x the median of the previous ``spike_window`` values (at least
-    ``spike_min_history`` of them, median > 0) and above target_kl. Slow: KL above target_kl for
-    ``slow_window`` consecutive steps. Returns the spike threshold (None without enough history)."""
+    ``spike_min_history`` of them, the median at least ``spike_median_floor`` x target_kl) and above target_kl.
+    Slow: KL above target_kl for ``slow_window`` consecutive steps. Returns the spike threshold (None without
+    enough history or with a median under the floor)."""
     kl = obs.kl
     if kl is None:
         return None
@@ -167,9 +168,11 @@ def measure_kl(cfg: GuardConfig, st: GuardState, obs: Observation) -> float | No
     st.alarms["kl_hard"] = kl > cfg.kl_hard_limit
     hist = st.kl_history
     threshold = None
-    if len(hist) >= cfg.spike_min_history:
+    # Early in a run the policy is its reference and the KL estimates are rounding noise around 0: a median of
+    # them is no baseline (its sign alone, which differs between CPUs, would decide whether any KL is a spike).
+    if len(hist) >= cfg.spike_min_history and median(hist) >= cfg.spike_median_floor * st.target_kl:
         threshold = cfg.spike_factor * median(hist)
-    st.alarms["kl_spike"] = threshold is not None and threshold > 0 and kl > threshold and kl > st.target_kl
+    st.alarms["kl_spike"] = threshold is not None and kl > threshold and kl > st.target_kl
     hist.append(kl)
     del hist[:-cfg.spike_window]
     st.slow_streak = st.slow_streak + 1 if kl > st.target_kl else 0
