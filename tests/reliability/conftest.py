@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from reliability_runs import stop_started
+
+
+@pytest.fixture(autouse=True)
+def no_run_left_behind():
+    """A test that fails while its `klguard train` child runs (an assertion, a timeout) must not leave it running:
+    it would hold a core and write into a deleted folder for minutes."""
+    yield
+    stop_started()
 
 
 @pytest.fixture

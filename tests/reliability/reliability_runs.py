@@ -15,12 +15,28 @@ import torch
 IGNORED_PREFIXES = ("timing_s/", "perf/")  # wall-clock measurements, different in every run
 
 
+STARTED: list[subprocess.Popen] = []  # every run start_train launched; conftest.py kills those still running
+
+
 def start_train(overrides: list[str], stderr_path: Path, **env: str) -> subprocess.Popen:
     """`python -m klguard train ...` with as many torch threads as this process (same float sums)."""
     child_env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), **env)
     with open(stderr_path, "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "klguard", "train", *overrides], env=child_env,
+        proc = subprocess.Popen([sys.executable, "-m", "klguard", "train", *overrides], env=child_env,
                                 stdout=subprocess.DEVNULL, stderr=err)
+    STARTED.append(proc)
+    return proc
+
+
+def stop_started() -> list[int]:
+    """Kill the runs start_train launched that are still running (a test failed before it waited for them);
+    returns their pids."""
+    left = [proc for proc in STARTED if proc.poll() is None]
+    for proc in left:
+        proc.kill()
+        proc.wait(timeout=30)
+    STARTED.clear()
+    return [proc.pid for proc in left]
 
 
 def records(run: Path) -> list[dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from reliability_runs import records, start_train, wait_until
+from reliability_runs import records, start_train, stop_started, wait_until
 
 from klguard.runtime.checkpoint import LATEST_FILE, CheckpointManager
 
@@ -46,3 +46,9 @@ def test_a_second_sigint_exits_at_once_without_damage(fast_overrides, tmp_path):
     manager = _strict_manager(run)
     assert manager.latest() is not None  # resumable, every published checkpoint whole
     assert all(manager.is_valid(step) for step in manager.steps())
+
+
+def test_a_run_a_failed_test_left_running_is_killed(fast_overrides, tmp_path):
+    proc = start_train([*fast_overrides, "trainer.total_training_steps=500"], tmp_path / "err.txt")
+    assert stop_started() == [proc.pid]  # what the autouse fixture does after a test that did not wait
+    assert proc.poll() is not None and stop_started() == []

@@ -66,7 +66,9 @@ def run_jobs(jobs: Sequence[Job], *, parallel: int, config_file: str | None = No
     """Run every job to its end, or until `stop_check(job)` gives a reason to stop it (SIGTERM: the run
     finishes its step, writes a checkpoint and exits 0). Returns those reasons by job label; raises
     UserError naming the log of the first job that failed."""
-    threads = max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(jobs))))
+    # Each job's thread count follows from `parallel` alone, never from how many jobs are left: threads change the
+    # float sums, so a job resumed alone must round as it did beside the others.
+    threads = max(1, (os.cpu_count() or 1) // max(1, parallel))
     pending, running, failed = list(jobs), [], []
     total = sum(j.total_steps for j in jobs)
     bar = Progress(total, desc=desc, enabled=show_progress, every=progress_every)
