@@ -21,6 +21,7 @@ from klguard.algo.loss import (
     entropy_from_logits,
     logprobs_from_logits,
 )
+from klguard.algo.policy_loss import get_policy_loss, policy_loss_names, register_policy_loss
 from klguard.algo.stats import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
@@ -39,10 +40,13 @@ __all__ = [
     "compute_policy_loss",
     "compute_value_loss",
     "entropy_from_logits",
+    "get_policy_loss",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "policy_loss_names",
+    "register_policy_loss",
 ]

@@ -11,6 +11,7 @@ from typing import Literal, get_args
 
 from klguard.algo.kl import KLEstimator
 from klguard.algo.loss import LossAggMode
+from klguard.algo.policy_loss import policy_loss_names
 from klguard.config.fields import (
     Rule,
     at_least,
@@ -169,6 +170,13 @@ class ActorProfilerConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    loss_mode: str = opt("vanilla", "The policy loss (klguard.algo.policy_loss registry): " + ", ".join(
+        policy_loss_names()) + " (vanilla: PPO's clipped surrogate, dual clip per use_dual_clip)",
+        rule=Rule(lambda v: v in policy_loss_names(), "must be one of: " + ", ".join(policy_loss_names())))
+
+
+@dataclass
 class ActorConfig:
     strategy: Strategy = opt(
         "fsdp2", f"Parallelism under torchrun: {choices(Strategy, fsdp='alias of fsdp2', none='replicated, as DDP')}"
@@ -194,6 +202,7 @@ class ActorConfig:
     clip_ratio_c: float = opt(3.0, "Dual-clip bound: a negative-advantage token's loss is at most c*|A|",
                               rule=greater(1, "(the dual-clip bound is c * |A|)"))
     loss_agg_mode: LossAggMode = opt("token-mean", f"Loss aggregation: {choices(LossAggMode)}")
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "Which policy loss the actor's update minimises")
     entropy_coeff: float = opt(0.0, "Entropy bonus coefficient", rule=non_negative)
     use_kl_loss: bool = opt(False, "Add beta * KL(actor || ref) to the actor loss (GRPO style)")
     kl_loss_coef: float = opt(0.001, "Coefficient of the KL loss; with the KL as a loss only (use_kl_in_reward=false) "

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from klguard.algo.kl import kl_penalty
-from klguard.algo.loss import agg_loss, compute_policy_loss, compute_value_loss
+from klguard.algo.loss import agg_loss, compute_value_loss
+from klguard.algo.policy_loss import get_policy_loss
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.distributed import any_rank, is_distributed, reduce_means
 from klguard.distributed.grad_clip import clip_grad_norm
@@ -174,11 +175,7 @@ def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temper
                                           temperature, share_prompt=share_prompt, return_entropy=True,
                                           entropy_grad=cfg.entropy_coeff != 0)
     mask = part.response_mask
-    out = compute_policy_loss(
-        part.old_logprobs, logprobs, part.advantages, mask, clip_ratio=cfg.clip_ratio,
-        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-        use_dual_clip=cfg.use_dual_clip, loss_agg_mode=cfg.loss_agg_mode,
-    )
+    out = get_policy_loss(cfg.policy_loss.loss_mode)(part.old_logprobs, logprobs, part.advantages, mask, cfg)
     entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode)
     loss = out.pg_loss - cfg.entropy_coeff * entropy_loss if cfg.entropy_coeff != 0 else out.pg_loss
     stats = {

@@ -1,0 +1,66 @@
+"""Policy losses by name, one signature for all (verl's `register_policy_loss` / `get_policy_loss_fn` is the model).
+
+A policy loss takes the rollout-time and current log-probs, the advantages and the response mask of a micro-batch
+and returns a `PolicyLossOutput` (the aggregated loss and its diagnostics). It is selected by
+`actor_rollout_ref.actor.policy_loss.loss_mode`; a new one is a function decorated with
+`@register_policy_loss("name")`, nothing in the update changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from torch import Tensor
+
+from klguard.algo.loss import PolicyLossOutput, compute_policy_loss
+
+
+class PolicyLossSettings(Protocol):
+    """The actor settings a policy loss may read (klguard's ActorConfig has them all, under verl's names)."""
+
+    clip_ratio: float
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+    clip_ratio_c: float
+    use_dual_clip: bool
+    loss_agg_mode: str
+
+
+PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, PolicyLossSettings], PolicyLossOutput]
+"""(old_logprob, logprob, advantages, response_mask, settings) -> PolicyLossOutput; tensors are [B, R]."""
+
+_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: make `fn` the policy loss called `name` (a name is registered once)."""
+
+    def add(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in _POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        _POLICY_LOSSES[name] = fn
+        return fn
+
+    return add
+
+
+def policy_loss_names() -> tuple[str, ...]:
+    return tuple(_POLICY_LOSSES)
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    try:
+        return _POLICY_LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(_POLICY_LOSSES)}") from None
+
+
+@register_policy_loss("vanilla")
+def vanilla_policy_loss(old_logprob: Tensor, logprob: Tensor, advantages: Tensor, response_mask: Tensor,
+                        settings: PolicyLossSettings) -> PolicyLossOutput:
+    """PPO's clipped surrogate with the optional dual clip (`compute_policy_loss`)."""
+    return compute_policy_loss(old_logprob, logprob, advantages, response_mask, clip_ratio=settings.clip_ratio,
+                               clip_ratio_low=settings.clip_ratio_low, clip_ratio_high=settings.clip_ratio_high,
+                               clip_ratio_c=settings.clip_ratio_c, use_dual_clip=settings.use_dual_clip,
+                               loss_agg_mode=settings.loss_agg_mode)
