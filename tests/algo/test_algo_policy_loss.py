@@ -12,6 +12,7 @@ import torch
 from klguard.algo.loss import PolicyLossOutput
 from klguard.algo.policy_loss import get_policy_loss, policy_loss_names, register_policy_loss
 from klguard.config import ConfigError, load_config
+from klguard.config.batches import UpdateBatches
 
 SETTINGS = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
                            use_dual_clip=True, loss_agg_mode="token-mean")
@@ -65,8 +66,8 @@ def test_the_update_calls_the_configured_loss(monkeypatch):
     batch = update.PPOBatch(ids, torch.ones_like(ids), torch.ones(2, 3), torch.zeros(2, 3) - 3.0,
                             torch.ones(2, 3), torch.zeros(2, 3))
     cfg = load_config(None, []).config.actor_rollout_ref.actor
-    metrics = update.update_actor(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg, mini_batch_size=2,
-                                  temperature=1.0)
+    metrics = update.update_actor(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg,
+                                  batches=UpdateBatches(2, 2), temperature=1.0)
     assert called == ["vanilla"] and math.isfinite(metrics["actor/pg_loss"])
 
 

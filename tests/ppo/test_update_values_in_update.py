@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaForTokenClassification
 
+from klguard.config.batches import UpdateBatches
 from klguard.config.schema import CriticConfig
 from klguard.model.char_tokenizer import build_char_tokenizer
 from klguard.model.tiny import tiny_llama_config
@@ -50,7 +51,7 @@ def _update(critic, batch, cfg, in_update: bool) -> dict[str, float]:
         vpreds = critic_values(critic, batch.input_ids, batch.attention_mask, R)
     batch.values = vpreds.detach() * batch.response_mask
     batch.vpreds = vpreds if in_update else None
-    return update_critic(critic, optim, batch, cfg, mini_batch_size=len(batch))
+    return update_critic(critic, optim, batch, cfg, batches=UpdateBatches(len(batch), len(batch)))
 
 
 @pytest.mark.parametrize("cliprange_value", [0.5, 0.0])
@@ -58,7 +59,7 @@ def _update(critic, batch, cfg, in_update: bool) -> dict[str, float]:
 def test_values_from_the_update_forward_give_the_same_loss_and_weights(cliprange_value, shuffle):
     cfg = _cfg(cliprange_value=cliprange_value, shuffle=shuffle)
     separate, fused = _critic(), _critic()
-    assert critic_values_in_update(cfg, 8, 8)
+    assert critic_values_in_update(cfg, 8, UpdateBatches(8, 8))
     metrics_separate = _update(separate, _batch(), cfg, in_update=False)
     metrics_fused = _update(fused, _batch(), cfg, in_update=True)
     assert metrics_fused["critic/vf_loss"] > 0
@@ -100,7 +101,7 @@ def test_the_update_changes_the_critic():
     (2, 8, None, False), (1, 4, None, False), (1, 8, 4, False)])
 def test_values_come_from_the_update_only_for_one_step_in_one_micro_batch(epochs, mini, micro, expected):
     cfg = _cfg(ppo_epochs=epochs, ppo_micro_batch_size_per_gpu=micro)
-    assert critic_values_in_update(cfg, 8, mini) is expected
+    assert critic_values_in_update(cfg, 8, UpdateBatches(mini, micro or mini)) is expected
 
 
 def test_update_critic_refuses_held_predictions_it_cannot_use():

@@ -7,9 +7,8 @@ checks that need the number of ranks.
 
 from __future__ import annotations
 
-from typing import Any
-
 from klguard.algo.advantage import GROUP_ESTIMATORS
+from klguard.config.batches import resolve_batches
 from klguard.config.fields import check_tree, fail
 from klguard.config.roles import ROLES, SHARDING_KEYS, check_parallel, run_tp
 from klguard.config.roles import sharding as role_sharding
@@ -21,7 +20,7 @@ def validate(cfg: Config) -> None:
     """Raise ConfigError for the first invalid value or inconsistent combination."""
     check_tree(cfg)
     _check_estimator_needs(cfg)
-    _check_batches(cfg)
+    resolve_batches(cfg)  # verl's batch arithmetic at one rank; validate_world checks it at the run's ranks
     _check_reward_sources(cfg)
     check_parallel(cfg)
 
@@ -32,29 +31,6 @@ def _check_estimator_needs(cfg: Config) -> None:
         fail("actor_rollout_ref.rollout.n", n, f"must be >= 2 for the group estimator {estimator}")
     if cfg.critic.enable is False and estimator == "gae":
         fail("critic.enable", False, "but algorithm.adv_estimator=gae needs a critic")
-
-
-def _update_sections(cfg: Config) -> tuple[tuple[str, Any], ...]:
-    return (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("critic", cfg.critic))
-
-
-def _check_batches(cfg: Config) -> None:
-    """verl's batch arithmetic; a mismatch here is verl #2505's silent grad_norm=NaN."""
-    n = cfg.actor_rollout_ref.rollout.n
-    train = cfg.data.train_batch_size
-    for prefix, section in _update_sections(cfg):
-        mini = section.ppo_mini_batch_size
-        if train % mini:
-            fail(f"{prefix}.ppo_mini_batch_size", mini, f"must divide data.train_batch_size={train}")
-        micro = section.ppo_micro_batch_size_per_gpu
-        if micro is None:
-            continue
-        if micro > mini * n:
-            fail(f"{prefix}.ppo_micro_batch_size_per_gpu", micro,
-                 f"is larger than the mini-batch ({prefix}.ppo_mini_batch_size={mini} x rollout.n={n})")
-        if (mini * n) % micro:
-            fail(f"{prefix}.ppo_micro_batch_size_per_gpu", micro,
-                 f"must divide the mini-batch of {mini * n} rollouts (ppo_mini_batch_size x rollout.n)")
 
 
 def _check_reward_sources(cfg: Config) -> None:
@@ -72,17 +48,7 @@ def validate_world(cfg: Config, world: int) -> None:
     dp = world // tp
     ranks = f"{dp} data-parallel ranks (WORLD_SIZE {world} / tensor_parallel_size {tp})" if tp > 1 else \
         f"{world} ranks (WORLD_SIZE)"
-    n = cfg.actor_rollout_ref.rollout.n
-    for prefix, section in _update_sections(cfg):
-        rows = section.ppo_mini_batch_size * n
-        if rows % dp:
-            fail(f"{prefix}.ppo_mini_batch_size", section.ppo_mini_batch_size,
-                 f"x rollout.n={n} = {rows} rollouts does not split evenly over {ranks}")
-        micro = section.ppo_micro_batch_size_per_gpu
-        if micro is not None and (rows // dp) % micro:
-            fail(f"{prefix}.ppo_micro_batch_size_per_gpu", micro,
-                 f"must divide the per-rank mini-batch of {rows // dp} rollouts ({prefix}.ppo_mini_batch_size "
-                 f"x rollout.n / {ranks})")
+    resolve_batches(cfg, dp)
     for role in ROLES:
         size = role_sharding(cfg, role).fsdp_size
         if size > 0 and dp % size:

@@ -23,6 +23,7 @@ from torch import Tensor
 from klguard.algo.advantage import compute_advantage
 from klguard.algo.reward_shaping import shape_rewards, token_level_scores
 from klguard.config import Config, ConfigError, config_to_yaml
+from klguard.config.batches import resolve_batches
 from klguard.config.roles import run_tp, sharding, steers_kl_loss
 from klguard.config.validate import validate_world
 from klguard.data.dataset import collate_left_pad
@@ -88,6 +89,7 @@ class PPOTrainer:
         if self.dist.is_main:
             (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
         self.device = self.dist.device
+        self.batches = resolve_batches(config, self.dist.dp_size)  # rows per step, per optimizer step, per pass
         seed_everything(tr.seed)
 
         # data first: a bad row fails in seconds, before any model loads or SFT runs; rank 0 first (it
@@ -174,8 +176,7 @@ class PPOTrainer:
         n = self.cfg.actor_rollout_ref.rollout.n
         rows = [self.train_data[i] for i in self.state.sampler.next_batch() for _ in range(n)]
         prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
-        mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
-        layout = RowLayout(len(rows), mini_rows, self.dist.dp_rank, self.dist.dp_size)  # this dp rank's share
+        layout = RowLayout(len(rows), self.batches.actor_block, self.dist.dp_rank, self.dist.dp_size)  # this rank's
         return PromptBatch(rows, torch.arange(len(rows)) // n, prompt_ids, prompt_mask, layout)
 
     def _rollout(self, prompts: PromptBatch, timing: dict[str, float]) -> RolloutBatch:
@@ -225,7 +226,7 @@ class PPOTrainer:
         critic = self.state.critic
         if critic is None:
             return None, None
-        in_update = critic_values_in_update(self.cfg.critic, len(layout.index), self._critic_mini_batch)
+        in_update = critic_values_in_update(self.cfg.critic, len(layout.index), self.batches.critic)
         with _timed(timing, "values"), torch.set_grad_enabled(in_update):
             critic.train(in_update)
             local = sequence_values(critic, layout.local(out.input_ids), layout.local(out.attention_mask),
@@ -248,13 +249,12 @@ class PPOTrainer:
         if state.critic is not None:
             with _timed(timing, "update_critic"):
                 metrics |= update_critic(state.critic, state.critic_optim, batch, cfg.critic,
-                                         mini_batch_size=self._critic_mini_batch, generator=gen, nonfinite=nonfinite,
+                                         batches=self.batches.critic, generator=gen, nonfinite=nonfinite,
                                          share_prompt=share)
             state.critic_sched.step()
         if state.step >= cfg.trainer.critic_warmup:
-            mini = actor_cfg.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.dp_size
             with _timed(timing, "update_actor"):
-                metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg, mini_batch_size=mini,
+                metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg, batches=self.batches.actor,
                                         temperature=cfg.actor_rollout_ref.rollout.temperature, generator=gen,
                                         grad_clip=state.actor_grad_clip, nonfinite=nonfinite, share_prompt=share,
                                         kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
@@ -262,12 +262,6 @@ class PPOTrainer:
             state.actor_sched.step()
             state.apply_lr_scale()
         return metrics, nonfinite
-
-    @property
-    def _critic_mini_batch(self) -> int:
-        """Rollouts per critic optimizer step on this rank."""
-        cfg = self.cfg
-        return cfg.critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.dist.dp_size
 
     def validate(self) -> dict[str, float]:
         with self.generation_weights({}) as model:

@@ -22,6 +22,7 @@ from torch import Tensor
 from klguard.algo.kl import kl_penalty
 from klguard.algo.loss import agg_loss, compute_value_loss
 from klguard.algo.policy_loss import get_policy_loss
+from klguard.config.batches import UpdateBatches
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.distributed import any_rank, is_distributed, reduce_means
 from klguard.distributed.grad_clip import clip_grad_norm
@@ -59,13 +60,12 @@ def minibatch_indices(n: int, size: int, shuffle: bool, generator: torch.Generat
     yield from order.split(size)
 
 
-def critic_values_in_update(cfg: CriticConfig, rows: int, mini_batch_size: int) -> bool:
+def critic_values_in_update(cfg: CriticConfig, rows: int, batches: UpdateBatches) -> bool:
     """True when the critic takes one optimizer step over all `rows` in one micro-batch (one epoch, one
     mini-batch). Its weights are then the same at rollout time and in the update, so one forward with
     autograd gives both the rollout-time values and the update's predictions (`PPOBatch.vpreds`); the
     separate no-grad values pass, a whole forward of the critic, is saved. Numerics are unchanged."""
-    micro = cfg.ppo_micro_batch_size_per_gpu or mini_batch_size
-    return cfg.ppo_epochs == 1 and mini_batch_size >= rows and micro >= rows
+    return cfg.ppo_epochs == 1 and batches.mini_rows >= rows and batches.micro_rows >= rows
 
 
 class NonFiniteError(Exception):
@@ -149,7 +149,7 @@ def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: 
 
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: ActorConfig, *,
-                 mini_batch_size: int, temperature: float, generator: torch.Generator | None = None,
+                 batches: UpdateBatches, temperature: float, generator: torch.Generator | None = None,
                  grad_clip: float | None = None, nonfinite: list[str] | None = None,
                  share_prompt: bool = False, kl_loss_coef: float | None = None) -> dict[str, float]:
     """One PPO policy update over `batch`; returns verl-named actor metrics (see _run_updates for `nonfinite`).
@@ -160,7 +160,7 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
     acc = _run_updates(
         _optimized(optimizer), optimizer, batch,
         lambda part: _actor_loss(model, part, cfg, temperature, share_prompt, coef), epochs=cfg.ppo_epochs,
-        mini_batch_size=mini_batch_size, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size,
+        mini_batch_size=batches.mini_rows, micro_batch_size=batches.micro_rows,
         shuffle=cfg.shuffle, grad_clip=cfg.grad_clip if grad_clip is None else grad_clip, generator=generator,
         prefix="actor", nonfinite=nonfinite)
     metrics = reduce_means(acc)
@@ -206,20 +206,19 @@ def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig, sha
 
 
 def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: CriticConfig, *,
-                  mini_batch_size: int, generator: torch.Generator | None = None,
+                  batches: UpdateBatches, generator: torch.Generator | None = None,
                   nonfinite: list[str] | None = None, share_prompt: bool = False) -> dict[str, float]:
     """One clipped value-function update over `batch`; returns verl-named critic metrics. `batch.vpreds`, when
     set, is the critic's forward the values came from (see `critic_values_in_update`): it is not recomputed."""
     if batch.values is None:
         raise ValueError("the critic update needs rollout-time values")
-    if batch.vpreds is not None and not critic_values_in_update(cfg, len(batch), mini_batch_size):
+    if batch.vpreds is not None and not critic_values_in_update(cfg, len(batch), batches):
         raise ValueError("batch.vpreds is only valid for one epoch of one mini-batch in one micro-batch")
     critic.train()
     acc = _run_updates(
         _optimized(optimizer), optimizer, batch,
         lambda part: _critic_loss(critic, part, cfg, share_prompt), epochs=cfg.ppo_epochs,
-        mini_batch_size=mini_batch_size,
-        micro_batch_size=cfg.ppo_micro_batch_size_per_gpu or mini_batch_size, shuffle=cfg.shuffle,
+        mini_batch_size=batches.mini_rows, micro_batch_size=batches.micro_rows, shuffle=cfg.shuffle,
         grad_clip=cfg.grad_clip, generator=generator, prefix="critic", nonfinite=nonfinite)
     metrics = reduce_means(acc)
     metrics["critic/lr"] = optimizer.param_groups[0]["lr"]
