@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from klguard.errors import UserError
-from klguard.ppo.checkpointing import Checkpoints, truncate_logs
+from klguard.ppo.checkpointing import Checkpoints
 from klguard.runtime.checkpoint import (
     LATEST_FILE,
     MANIFEST_FILE,
@@ -20,6 +20,7 @@ from klguard.runtime.checkpoint import (
     load_tensors,
     save_tensors,
 )
+from klguard.runtime.events import truncate_logs
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "klguard"
 

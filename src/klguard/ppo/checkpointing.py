@@ -9,7 +9,6 @@ shards. Either layout resumes at any number of ranks.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,6 @@ from klguard.model.loading import load_critic, load_policy
 from klguard.runtime.checkpoint import (
     STATE_FILE,
     CheckpointManager,
-    atomic_write_text,
     load_state,
     load_tensors,
     save_tensors,
@@ -211,20 +209,3 @@ def _load_optimizers(folder: Path, state: TrainState) -> None:
         load_optimizer(state.critic, state.critic_optim, folder / "critic_optim",
                        lambda: load_tensors(folder / "critic_optim.pt"))
 
-
-def truncate_logs(run_dir: Path, step: int) -> None:
-    """On resume from checkpoint `step`, drop the lines of `metrics.jsonl` and `events.jsonl` that a
-    killed run wrote after it (and any torn last line), so every step appears once, as resumed."""
-    for name in ("metrics.jsonl", "events.jsonl"):
-        path = Path(run_dir) / name
-        if not path.is_file():
-            continue
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and int(record.get("step", 0)) <= step:
-                kept.append(line + "\n")
-        atomic_write_text(path, "".join(kept))

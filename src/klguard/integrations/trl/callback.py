@@ -33,8 +33,7 @@ from klguard.integrations.gold import GoldWindow
 from klguard.integrations.metric_maps import to_klguard_names
 from klguard.integrations.trl import trainer_ops
 from klguard.integrations.trl.settings import check_trainer, load_settings
-from klguard.ppo.checkpointing import truncate_logs
-from klguard.runtime.events import append_event
+from klguard.runtime.events import append_event, truncate_logs
 
 STATE_VERSION = 1
 
