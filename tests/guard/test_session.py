@@ -12,7 +12,6 @@ from guard_streams import QUIET, seed_config, steps
 
 from klguard.algo.kl import build_kl_controller
 from klguard.guard import ACTION_KINDS, Action, GuardSession, HostKeys, KLGuard
-from klguard.guard.session import DEFAULT_HINT
 
 HARD = {"actor/reward_kl_penalty": 0.051}  # above the seed's kl_hard_limit 0.05: a rollback
 ALARM = {"actor/ppo_kl": 0.05}  # above ppo_kl_max 0.025: an alarm (guard/stable 0), no rollback
@@ -204,7 +203,9 @@ def test_hints_spell_the_hosts_keys_and_fall_back_to_the_guards():
                     save_freq="trainer.save_freq", resume="rerun")
     s = session(keys=keys)
     assert s.hint("kl_slow") == "lower actor_rollout_ref.actor.optim.lr or raise algorithm.kl_ctrl.target_kl"
-    assert s.hint("grad_norm") == DEFAULT_HINT
+    assert s.hint("grad_norm") == "adjust the guard.* threshold named above"
+    verl = session(keys=HostKeys(kl_coef="k", lr="l", save_freq="s", resume="r", guard="+klguard.guard."))
+    assert verl.hint("kl_hard") == "raise k or +klguard.guard.kl_hard_limit"
     assert session().hint("kl_hard") is None
 
 

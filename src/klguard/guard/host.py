@@ -70,6 +70,7 @@ class HostKeys:
     save_freq: str  # how often checkpoints (rollback targets) are written
     resume: str  # what the user runs after the change: "rerun (trainer.resume_mode=auto resumes)"
     target_kl: str = "algorithm.kl_ctrl.target_kl"
+    guard: str = "guard."  # the prefix of the guard's own keys (verl's launch line: "+klguard.guard.")
 
 
 class AdvisoryHost:

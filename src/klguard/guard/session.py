@@ -25,20 +25,20 @@ from klguard.guard.guard import KLGuard
 from klguard.guard.host import GuardHost, HostKeys, KLCoefController
 
 PAUSE_HINTS: dict[str, str] = {
-    "kl_hard": "raise {kl_coef} or guard.kl_hard_limit",
-    "val_drop": "raise {kl_coef}, lower {lr} or raise guard.val_drop_max",
-    "ppo_kl": "lower {lr} or raise guard.ppo_kl_max",
-    "hacking": "raise {kl_coef} or set guard.hacking_action=raise_kl_coef",
-    "penalty_share": "lower {lr}, or raise guard.penalty_share_max if the reward's scale is near 0 (a learned RM's "
+    "kl_hard": "raise {kl_coef} or {guard}kl_hard_limit",
+    "val_drop": "raise {kl_coef}, lower {lr} or raise {guard}val_drop_max",
+    "ppo_kl": "lower {lr} or raise {guard}ppo_kl_max",
+    "hacking": "raise {kl_coef} or set {guard}hacking_action=raise_kl_coef",
+    "penalty_share": "lower {lr}, or raise {guard}penalty_share_max if the reward's scale is near 0 (a learned RM's "
                      "often is)",
     "kl_slow": "lower {lr} or raise {target_kl}",
     "kl_coef_cap": "lower {lr} (a beta at the cap only holds the policy at its reference), or raise "
-                   "guard.kl_coef_max",
+                   "{guard}kl_coef_max",
 }
-"""What a user can change after a pause, by the rule that paused the run; `{kl_coef}`, `{lr}` and `{target_kl}`
-are the host's keys (HostKeys)."""
+"""What a user can change after a pause, by the rule that paused the run, in the host's keys (HostKeys: `{guard}`
+is the prefix of the guard's own)."""
 
-DEFAULT_HINT = "adjust the guard.* threshold named above"
+DEFAULT_HINT = "adjust the {guard}* threshold named above"
 
 
 class GuardSession:
@@ -120,8 +120,7 @@ class GuardSession:
         """What to change before going on after `rule` paused the run, in the host's keys."""
         if self.keys is None:
             return None
-        keys = self.keys
-        return PAUSE_HINTS.get(rule, DEFAULT_HINT).format(kl_coef=keys.kl_coef, lr=keys.lr, target_kl=keys.target_kl)
+        return PAUSE_HINTS.get(rule, DEFAULT_HINT).format_map(vars(self.keys))
 
     # ------------------------------------------------------------------ the actions
     def _set_kl_coef(self, action: Action) -> None:
