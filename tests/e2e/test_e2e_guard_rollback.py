@@ -62,7 +62,7 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
     # the rollback re-anchored the reference to the restored policy, and later checkpoints carry it
     reanchor = [e for e in events if e["kind"] == "reanchor_reference"]
     assert [(e["step"], e["old"], e["new"]) for e in reanchor] == [(4, 0, 2)]
-    assert trainer.guard.session.reference_step == 2
+    assert trainer.guard.kl_guard.reference_step == 2
     last = trainer.checkpoints.manager.path(7)
     assert not (trainer.checkpoints.manager.path(2) / "ref").exists()
     ref_saved = load_file(last / "ref" / "model.safetensors")
@@ -70,7 +70,7 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
         assert torch.equal(ref_saved[name], tensor), name
     resumed = PPOTrainer(load_config(None, [*fast_overrides, *quiet, "guard.enable=true",
                                             "trainer.total_training_steps=7"]).config, log=lambda msg: None)
-    assert resumed.guard.session.reference_step == 2
+    assert resumed.guard.kl_guard.reference_step == 2
     for name, tensor in resumed.state.ref.state_dict().items():
         assert torch.equal(tensor, ref_saved[name]), name
 

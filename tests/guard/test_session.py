@@ -100,11 +100,11 @@ def test_the_warmup_freezes_then_releases_the_kl_coefficient():
     host = FakeHost()
     s = session(host, total_steps=20, warmup_ratio=0.1, warmup_kl_coef=0.05)
     s.observe(0, {})
-    assert host.calls == [("set_kl_coef", 0.05, True)] and s.kl_frozen
+    assert host.calls == [("set_kl_coef", 0.05, True)] and s.guard.kl_frozen
     s.observe(1, dict(QUIET, **{"actor/reward_kl_penalty_coeff": 0.05}))
     assert len(host.calls) == 1
     s.observe(2, dict(QUIET, **{"actor/reward_kl_penalty_coeff": 0.05}))
-    assert host.calls[1:] == [("set_kl_coef", 0.1, False)] and not s.kl_frozen
+    assert host.calls[1:] == [("set_kl_coef", 0.1, False)] and not s.guard.kl_frozen
     assert [e["kind"] for e in host.events] == ["freeze_kl_coef", "release_kl_coef"]
 
 
@@ -162,7 +162,7 @@ def test_a_rollback_restores_the_newest_stable_checkpoint_that_exists_then_tight
                           ("set_lr_scale", 0.5, 0.5)]
     assert [e["kind"] for e in host.events] == ["rollback", "reanchor_reference", "lower_target_kl",
                                                 "raise_kl_coef", "cut_lr"]
-    assert s.reference_step == 4 and s.lr_scale == 0.5 and s.pause_reason is None
+    assert s.guard.reference_step == 4 and s.guard.lr_scale == 0.5 and s.pause_reason is None
 
 
 def test_with_no_stable_checkpoint_the_reference_is_restored():

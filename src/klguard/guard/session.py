@@ -12,7 +12,8 @@ remembers between steps, and checkpoints it in one `state_dict()`:
 - the pause reason, with a hint in the host's own spelling of the settings to change.
 
 The guard's state holds the warm-up's freeze of the KL coefficient, the lr scale, the gradient clip it set (or
-last saw in the metrics) and the step whose policy the reference is; hosts read them here, none keeps its own copy.
+last saw in the metrics) and the step whose policy the reference is; hosts read them from the session's KLGuard
+(`session.guard.lr_scale`, ...), none keeps its own copy.
 """
 
 from __future__ import annotations
@@ -62,31 +63,10 @@ class GuardSession:
             "rollback": self._rollback, "reanchor_reference": self._reanchor_reference, "pause": self._pause,
         }
 
-    # ------------------------------------------------------------------ what the host reads
-    @property
-    def kl_frozen(self) -> bool:
-        """Whether the warm-up holds the KL coefficient: no controller updates."""
-        return self.guard.kl_frozen
-
-    @property
-    def lr_scale(self) -> float:
-        """The actor's lr is this times its configured (scheduled) lr."""
-        return self.guard.lr_scale
-
-    @property
-    def grad_clip(self) -> float | None:
-        """The actor's gradient clip the guard set or last saw in the metrics (None: neither yet)."""
-        return self.guard.grad_clip
-
-    @property
-    def reference_step(self) -> int:
-        """The step whose policy the reference is (0: the initial policy)."""
-        return self.guard.reference_step
-
+    # ------------------------------------------------------------------ the step
     def guard_metrics(self) -> dict[str, float]:
         return self.guard.guard_metrics()
 
-    # ------------------------------------------------------------------ the step
     def observe(self, step: int, metrics: Mapping[str, float], *, measured: bool = True) -> list[Action]:
         """Step `step`'s metrics: the guard's actions, applied in order and returned; then the pending checkpoint
         becomes stable if this step found its weights calm (`measured`: this step did measure them, e.g. it was
@@ -102,7 +82,7 @@ class GuardSession:
 
     def update_kl(self, kl: float, n_steps: int) -> None:
         """The session's own controller takes the step's KL (not while the warm-up holds the coefficient)."""
-        if self.controller is not None and not self.kl_frozen:
+        if self.controller is not None and not self.guard.kl_frozen:
             self.controller.update(kl, n_steps=n_steps)
 
     def apply(self, action: Action) -> None:
@@ -129,7 +109,7 @@ class GuardSession:
             if value is not None:
                 self.controller.value = value
             value = self.controller.value
-        self.host.set_kl_coef(value, frozen=self.kl_frozen)
+        self.host.set_kl_coef(value, frozen=self.guard.kl_frozen)
 
     def _lower_target_kl(self, action: Action) -> None:
         if self.controller is not None and hasattr(self.controller, "target_kl"):

@@ -34,9 +34,10 @@ class GuardHooks:
     def __init__(self, cfg: Config, state: TrainState, checkpoints: Checkpoints, *, total_steps: int,
                  run_dir: Path, writes: bool, log=print) -> None:
         self.state, self.checkpoints, self.log = state, checkpoints, log
-        guard = KLGuard(cfg.guard, total_steps=total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
-                        kl_coef=initial_kl_coef(cfg), kl_controlled=kl_controlled(cfg))
-        self.session = GuardSession(guard, self, TRAINER_KEYS)
+        # the guard holds the lr scale, the gradient clip, the warm-up's freeze and the reference's step
+        self.kl_guard = KLGuard(cfg.guard, total_steps=total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
+                                kl_coef=initial_kl_coef(cfg), kl_controlled=kl_controlled(cfg))
+        self.session = GuardSession(self.kl_guard, self, TRAINER_KEYS)
         self.configured_grad_clip = cfg.actor_rollout_ref.actor.grad_clip
         self.events_path = Path(run_dir) / "events.jsonl"
         self.writes = writes
@@ -47,17 +48,9 @@ class GuardHooks:
         return self.session.pause_reason
 
     @property
-    def kl_frozen(self) -> bool:
-        return self.session.kl_frozen
-
-    @property
-    def lr_scale(self) -> float:
-        return self.session.lr_scale
-
-    @property
     def actor_grad_clip(self) -> float:
         """The clip the guard set (or saw this run use), else the configured one."""
-        clip = self.session.grad_clip
+        clip = self.kl_guard.grad_clip
         return self.configured_grad_clip if clip is None else clip
 
     def observe(self, step: int, metrics: dict[str, float], *, measured: bool = True) -> dict[str, float]:
@@ -71,7 +64,7 @@ class GuardHooks:
         session = self.session
         session.pending = self.state.step
         saved = self.checkpoints.save(self.state, guard_state=session.state_dict(), tokenizer=tokenizer,
-                                      keep=session.stable[-1:], save_reference=session.reference_step != 0)
+                                      keep=session.stable[-1:], save_reference=self.kl_guard.reference_step != 0)
         if saved is None:  # not written (a weight was not finite): nothing to judge
             session.pending = None
 
@@ -82,7 +75,7 @@ class GuardHooks:
         """Resume the guard's side, then the lr scale it holds. A checkpoint that saved the guard's own state alone
         lists no stable checkpoints: a rollback before the next confirmed one restores the initial policy."""
         self.session.load_state_dict(state if "guard" in state else {"guard": state, "stable": [], "pending": None})
-        self.state.apply_lr_scale(self.session.lr_scale)
+        self.state.apply_lr_scale(self.kl_guard.lr_scale)
 
     def record_nonfinite(self, step: int, where: str) -> None:
         """Log a step skipped for a NaN/Inf in `where` (e.g. `rewards`, `actor/pg_loss`), guard or not."""
@@ -106,7 +99,7 @@ class GuardHooks:
     def restore_checkpoint(self, step: int) -> int | None:
         restored = self.checkpoints.rollback_to(step, self.state)
         if restored is not None:
-            self.state.apply_lr_scale(self.session.lr_scale)
+            self.state.apply_lr_scale(self.kl_guard.lr_scale)
         return restored
 
     def restore_reference(self, reference_step: int) -> int | None:

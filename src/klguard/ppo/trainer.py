@@ -214,7 +214,8 @@ class PPOTrainer:
                                kl_in_reward=alg.use_kl_in_reward)
         check_finite({"ref_log_probs": ref_logprobs, "kl": shaped.kl}, mask)  # before the controller sees it
         token_mean, seq_sum = shaped.kl_token_mean.item(), shaped.kl_seq_sum.item()
-        if (alg.use_kl_in_reward or steers_kl_loss(self.cfg)) and not self.guard.kl_frozen:  # the one it steers
+        steered = alg.use_kl_in_reward or steers_kl_loss(self.cfg)  # the coefficient the controller steers
+        if steered and not self.guard.kl_guard.kl_frozen:  # the guard's warm-up holds it
             state.kl_ctrl.update(seq_sum if alg.kl_ctrl.kl_unit == "seq_sum" else token_mean, n_steps=len(mask))
         return shaped.token_rewards, {"actor/reward_kl_penalty": token_mean, "actor/reward_kl_penalty_coeff": beta,
                                       "actor/kl_seq_sum": seq_sum}
@@ -260,7 +261,7 @@ class PPOTrainer:
                                         share_prompt=share, kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
             metrics["actor/grad_clip"] = self.guard.actor_grad_clip
             state.actor_sched.step()
-            state.apply_lr_scale(self.guard.lr_scale)
+            state.apply_lr_scale(self.guard.kl_guard.lr_scale)
         return metrics, nonfinite
 
     @property
@@ -280,9 +281,9 @@ class PPOTrainer:
         `rank_checks.jsonl`."""
         same = {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
         state = self.state
-        session = self.guard.session
-        same |= {"kl_coef": state.kl_ctrl.value, "kl_frozen": float(session.kl_frozen), "lr_scale": session.lr_scale,
-                 "paused": float(session.pause_reason is not None), "reference_step": float(session.reference_step)}
+        guard = self.guard.kl_guard
+        same |= {"kl_coef": state.kl_ctrl.value, "kl_frozen": float(guard.kl_frozen), "lr_scale": guard.lr_scale,
+                 "paused": float(self.guard.pause_reason is not None), "reference_step": float(guard.reference_step)}
         ranks = assert_same_across_ranks(same, f"step {step}")
         params = gather_objects(local_numel(state.actor))
         coords = gather_objects((self.dist.dp_rank, self.dist.tp_rank))  # each rank's place on the (dp, tp) mesh

@@ -128,8 +128,8 @@ class KLGuardCallback(TrainerCallback, ExportableState):
         self.session.load_state_dict(found)
         self.gold.load_state_dict(found["gold"])
         self.eval_gold = found["eval_gold"]
-        if self.session.grad_clip is not None:  # args.max_grad_norm comes from the launch, not the checkpoint
-            trainer_ops.set_grad_clip(self.trainer, self.session.grad_clip)
+        if self.session.guard.grad_clip is not None:  # args.max_grad_norm comes from the launch, not the checkpoint
+            trainer_ops.set_grad_clip(self.trainer, self.session.guard.grad_clip)
         if state.is_world_process_zero:
             truncate_logs(self.host.output_dir, state.global_step)  # events a killed run wrote after it
 
