@@ -9,7 +9,6 @@ from safetensors.torch import load_file
 
 from klguard.config import load_config
 from klguard.ppo.trainer import PPOTrainer
-from klguard.runtime.checkpoint import load_state
 
 
 class _NullTracker:
@@ -36,14 +35,14 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
         set_lr(0.05 if step == 2 else normal_lr)
 
     restored = []
-    rollback = trainer.checkpoints.rollback_to_stable
+    rollback = trainer.checkpoints.rollback_to
 
-    def spy(state) -> int:
-        step = rollback(state)
+    def spy(step, state) -> int | None:
+        restored_step = rollback(step, state)
         restored.append({k: v.clone() for k, v in state.actor.state_dict().items()})
-        return step
+        return restored_step
 
-    trainer.checkpoints.rollback_to_stable = spy
+    trainer.checkpoints.rollback_to = spy
     trainer.fit(_NullTracker(), progress=sabotage)
 
     events = [json.loads(line) for line in (trainer.run_dir / "events.jsonl").read_text().splitlines()]
@@ -52,10 +51,9 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
     assert rollbacks[0]["rule"] == "kl_hard"
     assert trainer.state.step == 7  # training went on after the rollback
     assert len(restored) == len(rollbacks)
-    marks = {step: load_state(trainer.checkpoints.manager.path(step))["stable"] for step in (1, 2, 3)}
-    assert marks == {1: True, 2: True, 3: False}  # 3 holds the blow-up, measured by step 4's rollout
-    stable = trainer.checkpoints.manager.path(2)
-    saved = load_file(stable / "actor" / "model.safetensors")
+    stable = trainer.guard.session.stable
+    assert stable[:2] == [1, 2] and 3 not in stable  # 3 holds the blow-up, measured by step 4's rollout
+    saved = load_file(trainer.checkpoints.manager.path(2) / "actor" / "model.safetensors")
     for name, tensor in saved.items():
         assert torch.equal(restored[0][name], tensor), name
     for step in trainer.checkpoints.manager.steps():
@@ -64,7 +62,7 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
     # the rollback re-anchored the reference to the restored policy, and later checkpoints carry it
     reanchor = [e for e in events if e["kind"] == "reanchor_reference"]
     assert [(e["step"], e["old"], e["new"]) for e in reanchor] == [(4, 0, 2)]
-    assert trainer.state.reference_step == 2
+    assert trainer.guard.kl_guard.reference_step == 2
     last = trainer.checkpoints.manager.path(7)
     assert not (trainer.checkpoints.manager.path(2) / "ref").exists()
     ref_saved = load_file(last / "ref" / "model.safetensors")
@@ -72,7 +70,7 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
         assert torch.equal(ref_saved[name], tensor), name
     resumed = PPOTrainer(load_config(None, [*fast_overrides, *quiet, "guard.enable=true",
                                             "trainer.total_training_steps=7"]).config, log=lambda msg: None)
-    assert resumed.state.reference_step == 2
+    assert resumed.guard.kl_guard.reference_step == 2
     for name, tensor in resumed.state.ref.state_dict().items():
         assert torch.equal(tensor, ref_saved[name]), name
 

@@ -69,7 +69,7 @@ def test_rollback_restores_checkpoint_bit_for_bit_and_the_lr_cut_survives_the_sc
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     kinds = [(e["step"], e["kind"]) for e in events]
     assert kinds[0] == (4, "rollback") and (4, "reanchor_reference") in kinds and (4, "cut_lr") in kinds
-    assert callback.stable[:2] == [1, 2]
+    assert callback.session.stable[:2] == [1, 2]
 
     saved = load_file(tmp_path / "checkpoint-2" / "model.safetensors")
     for name, tensor in saved.items():
@@ -152,7 +152,7 @@ def test_resume_from_a_trl_checkpoint_repeats_the_uninterrupted_decisions(tmp_pa
     for step in range(5, 9):
         for key in ("beta", "kl", "learning_rate", "guard/kl_coef", "guard/rollbacks", "guard/target_kl"):
             assert b[step][key] == a[step][key], (step, key)
-    assert callback.stable[:1] == [4]  # the pending checkpoint-4, confirmed by the resumed step 5
+    assert callback.session.stable[:1] == [4]  # the pending checkpoint-4, confirmed by the resumed step 5
 
 
 def test_report_reads_a_trl_output_folder(tmp_path):

@@ -101,7 +101,7 @@ def test_the_entry_point_registers_trainer_mode_klguard():
 def test_built_from_verls_config_it_runs_as_verls_sync_trainer(tmp_path):
     trainer = trainer_with_stubs(verl_config(tmp_path, "+klguard.guard.kl_hard_limit=0.2"))
     assert trainer.trainer_mode == "sync"
-    assert trainer._guard().guard.cfg.kl_hard_limit == 0.2
+    assert trainer._guard().session.guard.cfg.kl_hard_limit == 0.2
 
 
 def test_bad_klguard_keys_are_one_line(tmp_path):
@@ -123,7 +123,7 @@ def test_a_blowup_rolls_back_to_the_newest_stable_checkpoint_and_raises_beta(tmp
     events = [json.loads(x) for x in (tmp_path / "ckpt" / "events.jsonl").read_text().splitlines()]
     assert events[0]["kind"] == "rollback" and events[0]["step"] == 7
     assert logged[-1]["guard/rollbacks"] == 1.0 and "guard/kl_coef" in logged[-1]
-    assert trainer.klguard.stable == [2, 4]
+    assert trainer.klguard.session.stable == [2, 4]
 
 
 def test_state_beside_verls_checkpoint_resumes_the_guard_and_the_kl_controller(tmp_path):
@@ -135,8 +135,8 @@ def test_state_beside_verls_checkpoint_resumes_the_guard_and_the_kl_controller(t
     second._load_checkpoint()  # verl's: finds global_step_8 (trainer.resume_mode=auto)
     assert second.global_steps == 8
     assert second.kl_ctrl_in_reward.value == first.kl_ctrl_in_reward.value
-    assert second.klguard.guard.state_dict() == first.klguard.guard.state_dict()
-    assert second.klguard.stable == first.klguard.stable
+    assert second.klguard.session.state_dict() == first.klguard.session.state_dict()
+    assert second.klguard.session.stable == first.klguard.session.stable
 
 
 def test_no_stable_checkpoint_or_no_rollbacks_left_pauses_with_a_checkpoint(tmp_path, capsys):

@@ -19,7 +19,7 @@ def _state(lr: float = 0.1) -> TrainState:
     optim, sched = build_optimizer(actor, OptimConfig(lr=lr, lr_warmup_steps=4), total_steps=10)
     return TrainState(actor=actor, actor_optim=optim, actor_sched=sched,
                       kl_ctrl=build_kl_controller("adaptive", kl_coef=0.2, target_kl=0.01, horizon=100),
-                      sampler=PromptSampler(16, 4, shuffle=True, seed=3), actor_grad_clip=1.0)
+                      sampler=PromptSampler(16, 4, shuffle=True, seed=3))
 
 
 def test_state_dict_round_trips_through_json():
@@ -28,21 +28,20 @@ def test_state_dict_round_trips_through_json():
         state.sampler.next_batch()
         state.actor_sched.step()
         state.kl_ctrl.update(0.05, n_steps=8)
-    state.step, state.lr_scale, state.kl_frozen, state.reference_step, state.actor_grad_clip = 3, 0.25, True, 2, 0.5
+    state.step = 3
     saved = json.loads(json.dumps(state.state_dict()))
     fresh = _state()
     fresh.load_state_dict(saved)
-    assert fresh.state_dict() == state.state_dict()
+    assert fresh.state_dict() == state.state_dict() and fresh.step == 3
     assert fresh.sampler.next_batch() == state.sampler.next_batch()  # the data position goes on where it was
     assert fresh.kl_ctrl.value == state.kl_ctrl.value != 0.2  # the controller moved and was restored
-    # warm-up step 3 of 4: lr 0.1 * 4/4, times the guard's 0.25
+    fresh.apply_lr_scale(0.25)  # warm-up step 3 of 4: lr 0.1 * 4/4, times the guard's 0.25
     assert fresh.actor_optim.param_groups[0]["lr"] == 0.1 * 1.0 * 0.25
 
 
 def test_lr_scale_applies_on_top_of_the_schedule():
     state = _state(lr=0.2)
-    state.lr_scale = 0.5
     state.actor_sched.step()  # warm-up step 1 of 4: 0.2 * 2/4
-    state.apply_lr_scale()
+    state.apply_lr_scale(0.5)
     assert state.actor_optim.param_groups[0]["lr"] == 0.2 * 0.5 * 0.5
     assert [name for name, _ in state.models()] == ["actor"]

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from klguard.errors import UserError
-from klguard.ppo.checkpointing import Checkpoints, truncate_logs
+from klguard.ppo.checkpointing import Checkpoints
 from klguard.runtime.checkpoint import (
     LATEST_FILE,
     MANIFEST_FILE,
     STATE_FILE,
     CheckpointManager,
-    load_state,
     load_tensors,
     save_tensors,
 )
+from klguard.runtime.events import truncate_logs
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "klguard"
 
@@ -38,7 +38,7 @@ def _manager(tmp_path: Path, max_to_keep: int | None = None) -> tuple[Checkpoint
 
 def _save(manager: CheckpointManager, *steps: int) -> None:
     for step in steps:
-        manager.save(step, _write, {"global_step": step, "stable": False})
+        manager.save(step, _write, {"global_step": step})
 
 
 def test_manifest_lists_every_file_with_size_and_checksum(tmp_path):
@@ -79,19 +79,23 @@ def test_the_pointer_decides_and_partials_and_garbage_are_ignored(tmp_path):
     assert not list(manager.run_dir.glob(".global_step_*")) and not warnings
 
 
-def test_retention_never_deletes_the_newest_stable_checkpoint(tmp_path):
+def test_retention_spares_the_checkpoints_it_is_given(tmp_path):
+    """max_to_keep=2, checkpoint 2 spared (the newest stable one): 1 and 3 go."""
     manager, _ = _manager(tmp_path, max_to_keep=2)
-    checkpoints = Checkpoints(manager.run_dir, 2)
-    checkpoints.manager = manager
     _save(manager, 1, 2)
-    checkpoints.mark_stable(2)
-    _save(manager, 3, 4, 5)
+    for step in (3, 4, 5):
+        manager.save(step, _write, {"global_step": step}, keep=[2])
     assert manager.steps() == [2, 4, 5]
-    assert load_state(manager.path(2))["stable"] and not load_state(manager.path(5))["stable"]
-    assert manager.is_valid(2)  # the stable mark lives outside the manifest
-    assert checkpoints.latest_stable() == manager.path(2)
-    (manager.path(2) / STATE_FILE).write_text("{}")  # damaged: no stable checkpoint left to roll back to
-    assert checkpoints.latest_stable() is None
+
+
+def test_rollback_to_a_gone_damaged_or_untrusted_checkpoint_finds_none(tmp_path):
+    manager, _ = _manager(tmp_path)
+    checkpoints = Checkpoints(manager.run_dir, None)
+    checkpoints.manager = manager
+    _save(manager, 1, 2, 3)
+    (manager.run_dir / LATEST_FILE).write_text("2")  # 3: renamed in place, then killed before the pointer moved
+    (manager.path(1) / STATE_FILE).write_text("{}")  # damaged
+    assert [checkpoints.rollback_to(step, state=None) for step in (1, 3, 4)] == [None, None, None]
 
 
 def test_resume_path_to_a_damaged_checkpoint_is_a_user_error(tmp_path):

@@ -11,8 +11,8 @@ import sys
 
 from klguard.config import Config, config_to_dict
 from klguard.distributed import barrier, shutdown
-from klguard.ppo.checkpointing import truncate_logs
 from klguard.ppo.trainer import PPOTrainer
+from klguard.runtime.events import truncate_logs
 from klguard.runtime.preemption import Preemption
 from klguard.runtime.progress import Progress
 from klguard.runtime.tracking import Tracking

@@ -6,7 +6,7 @@ writes them to an events file. It acts on nothing: the exit code says what the g
 `klguard watch --follow LOG || scancel $JOB` stops a run the guard would have rolled back or paused:
 0 the guard stayed calm (advice such as a higher KL coefficient may have been printed), 3 it decided to roll
 back or pause (watching stops there: the run's later steps are ones the guard would not have let happen),
-2 bad input.
+2 bad input. The guard runs in a session (klguard.guard.session) whose host acts on nothing.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from klguard.config.restricted import load_restricted
 from klguard.errors import UserError
-from klguard.guard import Action, KLGuard
+from klguard.guard import Action, AdvisoryHost, GuardSession, KLGuard
 from klguard.integrations.trainer_logs import LogReader, detect_format, open_log
 from klguard.runtime.events import append_event
 
@@ -53,11 +54,12 @@ class Watch:
         config = load_restricted(overrides, KEY_PREFIXES, who="klguard watch",
                                  elsewhere="the watched trainer's own settings stay in its launch line")
         kc = config.algorithm.kl_ctrl
-        self.guard = KLGuard(config.guard, total_steps=config.trainer.total_training_steps or 0,
-                             target_kl=kc.target_kl, kl_controlled=kc.type != "fixed")
+        guard = KLGuard(config.guard, total_steps=config.trainer.total_training_steps or 0,
+                        target_kl=kc.target_kl, kl_controlled=kc.type != "fixed")
+        self.host = _WatchHost()
+        self.session = GuardSession(guard, self.host)
         self.path, self.options, self.say = Path(path).expanduser(), options, say
         self.reader: LogReader | None = None
-        self.events: Path | None = None
         self.last_step: int | None = None
         self.decisions: list[Action] = []
 
@@ -65,10 +67,10 @@ class Watch:
         if not self.path.exists():
             raise UserError(f"{self.path} does not exist")
         self.reader = self._open()
-        self.events = self.options.events or events_path(self.reader)
-        self.events.parent.mkdir(parents=True, exist_ok=True)
-        self.events.write_text("")  # each watch judges the whole log again
-        self.say(f"klguard watch: {self.reader.path} ({self.reader.format}); decisions -> {self.events}")
+        events = self.host.events = self.options.events or events_path(self.reader)
+        events.parent.mkdir(parents=True, exist_ok=True)
+        events.write_text("")  # each watch judges the whole log again
+        self.say(f"klguard watch: {self.reader.path} ({self.reader.format}); decisions -> {events}")
         grown = time.monotonic()
         while True:
             steps = self.reader.poll(final=not self.options.follow)
@@ -106,10 +108,8 @@ class Watch:
         return None
 
     def _decide(self, step: int, metrics: dict[str, float]) -> bool:
-        actions = self.guard.observe(step, metrics)
-        for action in actions:
-            self.decisions.append(action)
-            append_event(self.events, {**action.to_dict(), "advisory": True}, who="klguard watch")
+        actions = self.session.observe(step, metrics)
+        self.decisions += actions
         return any(a.kind in STOP_KINDS for a in actions)
 
     def _calm(self) -> int:
@@ -117,6 +117,15 @@ class Watch:
         self.say(f"klguard watch: {self.last_step or 0} steps read; the guard stayed calm ({advice} advisory "
                  f"actions, {len(self.decisions) - advice} warnings); exit {EXIT_CALM}")
         return EXIT_CALM
+
+
+class _WatchHost(AdvisoryHost):
+    """Acts on nothing; writes each decision, marked advisory, to `events`."""
+
+    events: Path
+
+    def write_event(self, record: dict[str, Any]) -> None:
+        append_event(self.events, {**record, "advisory": True}, who="klguard watch")
 
 
 def _empty(path: Path) -> bool:

@@ -1,7 +1,8 @@
 """The KL guard: a standalone monitor that turns a run's metrics into logged, automatic actions.
 
 Metrics in (a dict with verl's names), actions out (:class:`Action` records); the trainer applies
-them. Pure Python: usable from any trainer.
+them, usually through a :class:`GuardSession` that carries them out on a :class:`GuardHost`. Pure Python: usable
+from any trainer.
 
     guard = KLGuard(GuardConfig(), total_steps=200, target_kl=0.015, kl_coef=0.001)
     for step in range(1, 201):
@@ -13,7 +14,9 @@ them. Pure Python: usable from any trainer.
 from klguard.guard.actions import ACTION_KINDS, Action
 from klguard.guard.config import HACKING_ACTIONS, GuardConfig, default_target_kl
 from klguard.guard.guard import KLGuard
+from klguard.guard.host import AdvisoryHost, GuardHost, HostKeys
+from klguard.guard.session import GuardSession
 from klguard.guard.signals import INPUT_METRICS
 
-__all__ = ["ACTION_KINDS", "HACKING_ACTIONS", "INPUT_METRICS", "Action", "GuardConfig", "KLGuard",
-           "default_target_kl"]
+__all__ = ["ACTION_KINDS", "HACKING_ACTIONS", "INPUT_METRICS", "Action", "AdvisoryHost", "GuardConfig", "GuardHost",
+           "GuardSession", "HostKeys", "KLGuard", "default_target_kl"]

@@ -83,6 +83,11 @@ class KLGuard:
         return self._st.grad_clip
 
     @property
+    def kl_frozen(self) -> bool:
+        """Whether the warm-up holds kl_coef (between its freeze_kl_coef and release_kl_coef actions)."""
+        return self._st.frozen
+
+    @property
     def reference_step(self) -> int:
         """The step whose weights the reference holds (0: the initial policy)."""
         return self._st.reference_step

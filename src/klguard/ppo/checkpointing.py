@@ -1,7 +1,7 @@
 """What a checkpoint holds and how a run resumes from it, so resume equals an uninterrupted run.
 
 Saved: policy and critic as HF folders, optimizer and LR-schedule states, the KL controller, the
-prompt sampler's position, every RNG and the step counter. Sharded models (torchrun) are saved with
+prompt sampler's position, every RNG, the step counter and the guard's state. Sharded models (torchrun) are saved with
 torch.distributed.checkpoint instead: `actor/`, `critic/` (and `ref/`) hold each rank's shards plus
 `huggingface/` (config, tokenizer) for `klguard export`, and `actor_optim/`, `critic_optim/` the optimizer
 shards. Either layout resumes at any number of ranks.
@@ -9,8 +9,8 @@ shards. Either layout resumes at any number of ranks.
 
 from __future__ import annotations
 
-import json
 import random
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,6 @@ from klguard.model.loading import load_critic, load_policy
 from klguard.runtime.checkpoint import (
     STATE_FILE,
     CheckpointManager,
-    atomic_write_text,
     load_state,
     load_tensors,
     save_tensors,
@@ -98,7 +97,7 @@ reference is the initial policy, loaded from the model path)."""
 
 
 class Checkpoints:
-    """The run directory's checkpoints: save a TrainState, resume it, roll its weights back to a stable one.
+    """The run directory's checkpoints: save a TrainState, resume it, roll its weights back to one of them.
 
     `policy_path` and `config` rebuild a model whose checkpoint holds HF folders (or, with no stable checkpoint yet,
     the initial policy)."""
@@ -122,8 +121,11 @@ class Checkpoints:
             return folder
         return self.manager.latest()
 
-    def save(self, state: TrainState, *, guard_state: dict, tokenizer) -> Path | None:
-        """Write a checkpoint unless a weight is not finite (a NaN is never written to disk)."""
+    def save(self, state: TrainState, *, guard_state: dict, tokenizer, keep: Iterable[int] = (),
+             save_reference: bool = False) -> Path | None:
+        """Write a checkpoint unless a weight is not finite (a NaN is never written to disk); retention spares the
+        checkpoints of the steps in `keep`. `save_reference`: the reference is no longer the initial policy (a
+        rollback re-anchored it), so the checkpoint holds its weights."""
         bad = _first_non_finite(state)
         if bad is not None:
             self.log(f"klguard: checkpoint at step {state.step} skipped: {bad} is not finite")
@@ -135,28 +137,16 @@ class Checkpoints:
             if state.critic is not None:
                 _save_model(state.critic, folder / "critic", None, self.dist)
                 _save_optimizer(state.critic, state.critic_optim, folder, "critic", self.dist)
-            if state.ref is not None and state.reference_step != 0:  # re-anchored by a guard rollback
+            if state.ref is not None and save_reference:
                 _save_model(state.ref, folder / REFERENCE_DIR, None, self.dist)
 
-        # "stable" is confirmed by mark_stable() once the next step has measured these weights
-        saved = {**state.state_dict(), "rng": rng_state(), "guard": guard_state, "stable": False}
-        return self.manager.save(state.step, write, saved)
-
-    def mark_stable(self, step: int) -> None:
-        """Mark checkpoint `step` stable: the rollout that followed it kept every guard rule quiet."""
-        self.manager.mark_stable(step)
-
-    def latest_stable(self) -> Path | None:
-        """The newest whole checkpoint confirmed stable (see mark_stable)."""
-        for step in self.manager.candidates():
-            if self.manager.is_stable(step) and self.manager.is_valid(step):
-                return self.manager.path(step)
-        return None
+        saved = {**state.state_dict(), "rng": rng_state(), "guard": guard_state}
+        return self.manager.save(state.step, write, saved, keep)
 
     def restore(self, folder: Path, state: TrainState) -> dict:
-        """Resume `state` from `folder`: sharded weights, optimizers, schedules, controller, sampler, the guard's
-        knobs and the RNGs (the caller loaded the models from the checkpoint's HF folders, or built them to take its
-        DCP shards here). Returns the guard's saved state."""
+        """Resume `state` from `folder`: sharded weights, optimizers, schedules, controller, sampler and the RNGs
+        (the caller loaded the models from the checkpoint's HF folders, or built them to take its DCP shards here).
+        Returns the guard's saved state (its session's, klguard.guard.session)."""
         saved = load_state(folder)
         try:
             models = (("actor", state.actor), ("critic", state.critic), (REFERENCE_DIR, state.ref))
@@ -172,7 +162,8 @@ class Checkpoints:
                             "set trainer.resume_mode=disable or another trainer.default_local_dir") from None
 
     def restore_weights(self, folder: Path, state: TrainState) -> int:
-        """Rollback: weights, optimizer states and schedules only; returns the checkpoint's step."""
+        """Rollback: weights, optimizer states and schedules only (the caller applies the lr scale); returns the
+        checkpoint's step."""
         saved = load_state(folder)
         cfg, device = self.config, self.dist.device
         load_weights(state.actor, folder / "actor",
@@ -182,17 +173,20 @@ class Checkpoints:
                          lambda: load_critic(self.policy_path, cfg, device=device, resume_path=folder / "critic"))
         _load_optimizers(folder, state)
         state.load_schedules(saved)
-        state.apply_lr_scale()
         return int(saved["global_step"])
 
-    def rollback_to_stable(self, state: TrainState) -> int:
-        """Restore the weights and optimizer states of the newest stable checkpoint (the initial policy when there
-        is none); returns its step. The step counter, data position and guard state go on."""
-        folder = self.latest_stable()
-        if folder is not None:
-            step = self.restore_weights(folder, state)
-            self.log(f"klguard: rolled back to {folder}")
-            return step
+    def rollback_to(self, step: int, state: TrainState) -> int | None:
+        """Restore the weights and optimizer states of checkpoint `step`; None when it is gone, damaged or not
+        trusted (newer than the latest pointer). The step counter, data position and guard state go on."""
+        if step not in self.manager.candidates() or not self.manager.is_valid(step):
+            return None
+        folder = self.manager.path(step)
+        restored = self.restore_weights(folder, state)
+        self.log(f"klguard: rolled back to {folder}")
+        return restored
+
+    def rollback_to_initial(self, state: TrainState) -> int:
+        """Restore the initial policy (and critic) with fresh optimizer states; returns 0, its step."""
         cfg, device = self.config, self.dist.device
         load_weights(state.actor, None, lambda: load_policy(self.policy_path, cfg, trainable=True, device=device))
         if state.critic is not None:
@@ -211,20 +205,3 @@ def _load_optimizers(folder: Path, state: TrainState) -> None:
         load_optimizer(state.critic, state.critic_optim, folder / "critic_optim",
                        lambda: load_tensors(folder / "critic_optim.pt"))
 
-
-def truncate_logs(run_dir: Path, step: int) -> None:
-    """On resume from checkpoint `step`, drop the lines of `metrics.jsonl` and `events.jsonl` that a
-    killed run wrote after it (and any torn last line), so every step appears once, as resumed."""
-    for name in ("metrics.jsonl", "events.jsonl"):
-        path = Path(run_dir) / name
-        if not path.is_file():
-            continue
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and int(record.get("step", 0)) <= step:
-                kept.append(line + "\n")
-        atomic_write_text(path, "".join(kept))

@@ -1,19 +1,21 @@
-"""Applies the KL guard's actions to a run's TrainState, and writes them to `events.jsonl`.
+"""klguard's trainer as the host of its guard session (klguard.guard.session): what each of the guard's actions
+does to a run's TrainState, its checkpoints and `events.jsonl`.
 
-The guard decides (klguard.guard, metrics in, actions out); this module acts: it changes the KL
-coefficient and target, scales the actor's learning rate, tightens gradient clipping, rolls the
-weights back to the last stable checkpoint and asks the loop to pause. Under torchrun every rank applies
-the same actions (they follow from the same gathered metrics); only rank 0 writes and prints them.
+The session decides what to do and when (and keeps the stable checkpoints, the lr scale, the gradient clip, the
+warm-up's freeze and the reference's step); this module does it here: it sets the KL controller's coefficient and
+target, applies the lr scale, restores a checkpoint's weights or the initial policy, re-anchors the reference.
+Under torchrun every rank applies the same actions (they follow from the same gathered metrics); only rank 0
+writes and prints them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from klguard.config.roles import initial_kl_coef, kl_controlled
 from klguard.distributed.sharded_checkpoint import copy_weights
-from klguard.guard import Action, KLGuard
+from klguard.guard import GuardSession, HostKeys, KLGuard
 from klguard.runtime.events import append_event
 
 if TYPE_CHECKING:
@@ -21,105 +23,101 @@ if TYPE_CHECKING:
     from klguard.ppo.checkpointing import Checkpoints
     from klguard.ppo.state import TrainState
 
-
-# What a user can change after a pause, by the rule that paused the run.
-PAUSE_HINTS = {
-    "kl_hard": "raise algorithm.kl_ctrl.kl_coef or guard.kl_hard_limit",
-    "val_drop": "raise algorithm.kl_ctrl.kl_coef, lower actor_rollout_ref.actor.optim.lr or raise guard.val_drop_max",
-    "ppo_kl": "lower actor_rollout_ref.actor.optim.lr or raise guard.ppo_kl_max",
-    "hacking": "raise algorithm.kl_ctrl.kl_coef or set guard.hacking_action=raise_kl_coef",
-    "penalty_share": "lower actor_rollout_ref.actor.optim.lr, or raise guard.penalty_share_max if the reward's "
-                     "scale is near 0 (a learned RM's often is)",
-    "kl_slow": "lower actor_rollout_ref.actor.optim.lr or raise algorithm.kl_ctrl.target_kl",
-    "kl_coef_cap": "lower actor_rollout_ref.actor.optim.lr (a beta at the cap only holds the policy at its "
-                   "reference), or raise guard.kl_coef_max",
-}
-
-
-DEFAULT_HINT = "adjust the guard.* threshold named above"
+TRAINER_KEYS = HostKeys(kl_coef="algorithm.kl_ctrl.kl_coef", lr="actor_rollout_ref.actor.optim.lr",
+                        save_freq="trainer.save_freq", resume="rerun (trainer.resume_mode=auto resumes)")
 
 
 class GuardHooks:
-    """The guard of one run: feeds it each step's metrics and applies its actions to `state` (rollbacks through
-    `checkpoints`). `writes`: this process writes `events.jsonl` and prints the actions (rank 0)."""
+    """The guard of one run: feeds its session each step's metrics and carries out the actions on `state`
+    (rollbacks through `checkpoints`). `writes`: this process writes `events.jsonl` (rank 0)."""
 
     def __init__(self, cfg: Config, state: TrainState, checkpoints: Checkpoints, *, total_steps: int,
                  run_dir: Path, writes: bool, log=print) -> None:
         self.state, self.checkpoints, self.log = state, checkpoints, log
-        self.enabled = cfg.guard.enable
-        self.guard = KLGuard(cfg.guard, total_steps=total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
-                             kl_coef=initial_kl_coef(cfg), kl_controlled=kl_controlled(cfg))
+        # the guard holds the lr scale, the gradient clip, the warm-up's freeze and the reference's step
+        self.kl_guard = KLGuard(cfg.guard, total_steps=total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
+                                kl_coef=initial_kl_coef(cfg), kl_controlled=kl_controlled(cfg))
+        self.session = GuardSession(self.kl_guard, self, TRAINER_KEYS)
+        self.configured_grad_clip = cfg.actor_rollout_ref.actor.grad_clip
         self.events_path = Path(run_dir) / "events.jsonl"
         self.writes = writes
-        self.pause_reason: str | None = None
-        self.last_rollback_step: int | None = None
 
-    def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        """Feed one step's metrics to the guard, apply its actions, return the `guard/*` metrics."""
-        if not self.enabled:
-            return {}
-        for action in self.guard.observe(step, metrics):
-            self._apply(action)
-        return self.guard.guard_metrics()
+    # ------------------------------------------------------------------ what the loop reads
+    @property
+    def pause_reason(self) -> str | None:
+        return self.session.pause_reason
 
-    def _apply(self, action: Action) -> None:
-        state = self.state
-        hint = PAUSE_HINTS.get(action.rule, DEFAULT_HINT) if action.kind == "pause" else None
-        self._record(action, hint)
-        if action.kind == "cut_lr":
-            state.lr_scale = action.new
-            state.apply_lr_scale()
-        elif action.kind in ("raise_kl_coef", "freeze_kl_coef"):
-            state.kl_ctrl.value = action.new
-            state.kl_frozen = action.kind == "freeze_kl_coef" or state.kl_frozen
-        elif action.kind == "release_kl_coef":
-            state.kl_frozen = False
-            if action.new is not None:
-                state.kl_ctrl.value = action.new
-        elif action.kind == "lower_target_kl":
-            state.kl_ctrl.target_kl = action.new
-        elif action.kind == "set_grad_clip":
-            state.actor_grad_clip = action.new
-        elif action.kind == "rollback":
-            self.last_rollback_step = action.step
-            restored = self.checkpoints.rollback_to_stable(state)
-            for follow_up in self.guard.on_rollback(restored):
-                self._apply(follow_up)
-        elif action.kind == "reanchor_reference":
-            self._reanchor_reference(int(action.new))
-        elif action.kind == "pause":
-            self.pause_reason = f"{action.reason} To go on: {hint}, then rerun (trainer.resume_mode=auto resumes)."
+    @property
+    def actor_grad_clip(self) -> float:
+        """The clip the guard set (or saw this run use), else the configured one."""
+        clip = self.kl_guard.grad_clip
+        return self.configured_grad_clip if clip is None else clip
 
-    def _reanchor_reference(self, step: int) -> None:
-        """Make the reference a frozen copy of the current (just restored) policy of step `step`."""
-        if self.state.ref is None:
-            return
-        copy_weights(self.state.actor, self.state.ref)
-        self.state.reference_step = step
-        self.log(f"klguard: the reference is now the policy of step {step}")
+    def observe(self, step: int, metrics: dict[str, float], *, measured: bool = True) -> dict[str, float]:
+        """Feed one step's metrics to the guard, apply its actions, return the `guard/*` metrics. `measured`: the
+        step measured the weights it started from (it was not skipped)."""
+        self.session.observe(step, metrics, measured=measured)
+        return self.session.guard_metrics()
 
-    def _record(self, action: Action, hint: str | None = None) -> None:
-        """One line of events.jsonl; a pause's carries `to_go_on`, what to change before rerunning."""
-        if not self.writes:
-            return
-        append_event(self.events_path, action.to_dict() | ({"to_go_on": hint} if hint else {}))
-
-    def confirms(self, step: int) -> bool:
-        """Whether step `step` found the weights it started from calm (no alarm, no rollback)."""
-        if not self.enabled:
-            return True
-        return self.guard.is_stable() and self.last_rollback_step != step
+    def save_checkpoint(self, tokenizer) -> None:
+        """A checkpoint of this step, with the guard's side; the next step judges whether it is stable."""
+        session = self.session
+        session.pending = self.state.step
+        saved = self.checkpoints.save(self.state, guard_state=session.state_dict(), tokenizer=tokenizer,
+                                      keep=session.stable[-1:], save_reference=self.kl_guard.reference_step != 0)
+        if saved is None:  # not written (a weight was not finite): nothing to judge
+            session.pending = None
 
     def state_dict(self) -> dict:
-        return self.guard.state_dict()
+        return self.session.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.guard.load_state_dict(state)
+        """Resume the guard's side, then the lr scale it holds. A checkpoint that saved the guard's own state alone
+        lists no stable checkpoints: a rollback before the next confirmed one restores the initial policy."""
+        self.session.load_state_dict(state if "guard" in state else {"guard": state, "stable": [], "pending": None})
+        self.state.apply_lr_scale(self.kl_guard.lr_scale)
 
     def record_nonfinite(self, step: int, where: str) -> None:
         """Log a step skipped for a NaN/Inf in `where` (e.g. `rewards`, `actor/pg_loss`), guard or not."""
-        if not self.writes:
+        self.write_event({"step": step, "kind": "nonfinite_skip", "rule": "nonfinite", "where": where,
+                          "reason": f"non-finite values in {where}: step {step} not applied"})
+
+    # ------------------------------------------------------------------ the host (klguard.guard.GuardHost)
+    def set_kl_coef(self, value: float | None, *, frozen: bool) -> None:
+        if value is not None:  # the loop asks kl_frozen before each controller update
+            self.state.kl_ctrl.value = value
+
+    def set_target_kl(self, value: float) -> None:
+        self.state.kl_ctrl.target_kl = value
+
+    def set_lr_scale(self, scale: float, ratio: float) -> None:
+        self.state.apply_lr_scale(scale)
+
+    def set_grad_clip(self, clip: float) -> None:
+        pass  # the loop reads actor_grad_clip, the session's clip from now on
+
+    def restore_checkpoint(self, step: int) -> int | None:
+        restored = self.checkpoints.rollback_to(step, self.state)
+        if restored is not None:
+            self.state.apply_lr_scale(self.kl_guard.lr_scale)
+        return restored
+
+    def restore_reference(self, reference_step: int) -> int | None:
+        """The initial policy, loaded again from its folder (whatever the reference holds now)."""
+        return self.checkpoints.rollback_to_initial(self.state)
+
+    def reanchor_reference(self, step: int) -> None:
+        if self.state.ref is None:
             return
-        record = {"step": step, "kind": "nonfinite_skip", "rule": "nonfinite", "where": where,
-                  "reason": f"non-finite values in {where}: step {step} not applied"}
-        append_event(self.events_path, record)
+        copy_weights(self.state.actor, self.state.ref)
+        self.log(f"klguard: the reference is now the policy of step {step}")
+
+    def pause(self, reason: str) -> None:
+        pass  # fit stops on pause_reason, with a checkpoint, and prints it
+
+    def write_event(self, record: dict[str, Any]) -> None:
+        if self.writes:
+            append_event(self.events_path, record)
+
+    def say(self, message: str) -> None:
+        self.log(message)

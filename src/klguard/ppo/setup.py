@@ -170,6 +170,4 @@ def build_train_state(cfg: Config, ctx: DistContext, policy_path: Path, resume_f
                                   else (None, None))
     return TrainState(actor=actor, actor_optim=actor_optim, actor_sched=actor_sched,
                       kl_ctrl=build_kl_controller(**vars(cfg.algorithm.kl_ctrl) | {"kl_coef": initial_kl_coef(cfg)}),
-                      sampler=sampler,
-                      actor_grad_clip=cfg.actor_rollout_ref.actor.grad_clip, ref=ref, critic=critic,
-                      critic_optim=critic_optim, critic_sched=critic_sched)
+                      sampler=sampler, ref=ref, critic=critic, critic_optim=critic_optim, critic_sched=critic_sched)

@@ -2,9 +2,10 @@
 
 Setup builds it (klguard.ppo.setup.build_train_state), the loop reads and advances it, checkpointing saves and
 restores it (klguard.ppo.checkpointing) and the guard's actions adjust it (klguard.ppo.guard_hooks); none of them
-needs the trainer. `state_dict()` holds its plain values (step, KL controller, sampler position, LR schedules and
-the guard's knobs); the models' weights and the optimizers' moments are tensors, which checkpointing writes as
-safetensors or, sharded, with torch.distributed.checkpoint.
+needs the trainer. `state_dict()` holds its plain values (step, KL controller, sampler position, LR schedules);
+the models' weights and the optimizers' moments are tensors, which checkpointing writes as safetensors or, sharded,
+with torch.distributed.checkpoint. What the guard sets besides the KL controller (the lr scale, the gradient clip,
+the warm-up's freeze, the reference's step) lives in the guard's state (klguard.guard.session), saved beside this.
 """
 
 from __future__ import annotations
@@ -27,24 +28,20 @@ class TrainState:
     actor_sched: Scheduler
     kl_ctrl: KLController
     sampler: PromptSampler
-    actor_grad_clip: float  # the actor's gradient clip; the guard tightens it when grad_norm alarms
     ref: torch.nn.Module | None = None  # frozen; None when neither KL in the reward nor a KL loss needs it
     critic: torch.nn.Module | None = None
     critic_optim: torch.optim.Optimizer | None = None
     critic_sched: Scheduler | None = None
     step: int = 0  # PPO steps done
-    lr_scale: float = 1.0  # the guard's multiplier of the scheduled actor lr
-    kl_frozen: bool = False  # the guard's warm-up holds the KL coefficient
-    reference_step: int = 0  # the step whose policy the reference is (0: the initial policy; moved by re-anchoring)
 
     def models(self) -> list[tuple[str, torch.nn.Module]]:
         """The trained models by name: actor, and critic when there is one."""
         return [(name, model) for name, model in (("actor", self.actor), ("critic", self.critic)) if model is not None]
 
-    def apply_lr_scale(self) -> None:
-        """Scheduled lr times the guard's scale (LambdaLR recomputes from base lrs every step)."""
+    def apply_lr_scale(self, scale: float) -> None:
+        """Scheduled lr times the guard's `scale` (LambdaLR recomputes from base lrs every step)."""
         for group, base in zip(self.actor_optim.param_groups, self.actor_sched.get_last_lr(), strict=True):
-            group["lr"] = base * self.lr_scale
+            group["lr"] = base * scale
 
     def load_schedules(self, state: dict[str, Any]) -> None:
         self.actor_sched.load_state_dict(state["actor_sched"])
@@ -58,19 +55,12 @@ class TrainState:
             "sampler": self.sampler.state_dict(),
             "actor_sched": self.actor_sched.state_dict(),
             "critic_sched": self.critic_sched.state_dict() if self.critic_sched is not None else None,
-            "lr_scale": self.lr_scale,
-            "actor_grad_clip": self.actor_grad_clip,
-            "kl_frozen": self.kl_frozen,
-            "reference_step": self.reference_step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The values of `state_dict()`; raises KeyError/ValueError/TypeError on a state of another kind of run."""
+        """The values of `state_dict()` (the caller then applies the guard's lr scale); raises
+        KeyError/ValueError/TypeError on a state of another kind of run."""
         self.load_schedules(state)
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.sampler.load_state_dict(state["sampler"])
-        self.lr_scale, self.kl_frozen = float(state["lr_scale"]), bool(state["kl_frozen"])
-        self.actor_grad_clip = state["actor_grad_clip"]
-        self.reference_step = int(state.get("reference_step", 0))
         self.step = int(state["global_step"])
-        self.apply_lr_scale()

@@ -215,7 +215,8 @@ class PPOTrainer:
                                kl_in_reward=alg.use_kl_in_reward)
         check_finite({"ref_log_probs": ref_logprobs, "kl": shaped.kl}, mask)  # before the controller sees it
         token_mean, seq_sum = shaped.kl_token_mean.item(), shaped.kl_seq_sum.item()
-        if (alg.use_kl_in_reward or steers_kl_loss(self.cfg)) and not state.kl_frozen:  # the coefficient it steers
+        steered = alg.use_kl_in_reward or steers_kl_loss(self.cfg)  # the coefficient the controller steers
+        if steered and not self.guard.kl_guard.kl_frozen:  # the guard's warm-up holds it
             state.kl_ctrl.update(seq_sum if alg.kl_ctrl.kl_unit == "seq_sum" else token_mean, n_steps=len(mask))
         return shaped.token_rewards, {"actor/reward_kl_penalty": token_mean, "actor/reward_kl_penalty_coeff": beta,
                                       "actor/kl_seq_sum": seq_sum}
@@ -256,11 +257,11 @@ class PPOTrainer:
             with _timed(timing, "update_actor"):
                 metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg, batches=self.batches.actor,
                                         temperature=cfg.actor_rollout_ref.rollout.temperature, generator=gen,
-                                        grad_clip=state.actor_grad_clip, nonfinite=nonfinite, share_prompt=share,
-                                        kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
-            metrics["actor/grad_clip"] = state.actor_grad_clip
+                                        grad_clip=self.guard.actor_grad_clip, nonfinite=nonfinite,
+                                        share_prompt=share, kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
+            metrics["actor/grad_clip"] = self.guard.actor_grad_clip
             state.actor_sched.step()
-            state.apply_lr_scale()
+            state.apply_lr_scale(self.guard.kl_guard.lr_scale)
         return metrics, nonfinite
 
     def validate(self) -> dict[str, float]:
@@ -274,8 +275,9 @@ class PPOTrainer:
         `rank_checks.jsonl`."""
         same = {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
         state = self.state
-        same |= {"kl_coef": state.kl_ctrl.value, "kl_frozen": float(state.kl_frozen), "lr_scale": state.lr_scale,
-                 "paused": float(self.guard.pause_reason is not None), "reference_step": float(state.reference_step)}
+        guard = self.guard.kl_guard
+        same |= {"kl_coef": state.kl_ctrl.value, "kl_frozen": float(guard.kl_frozen), "lr_scale": guard.lr_scale,
+                 "paused": float(self.guard.pause_reason is not None), "reference_step": float(guard.reference_step)}
         ranks = assert_same_across_ranks(same, f"step {step}")
         params = gather_objects(local_numel(state.actor))
         coords = gather_objects((self.dist.dp_rank, self.dist.tp_rank))  # each rank's place on the (dp, tp) mesh
@@ -297,7 +299,6 @@ class PPOTrainer:
             last = self.validate()
             self.guard.observe(0, last)
             tracker.log(last, step=0)
-        pending_stable: int | None = None  # the last checkpoint, stable once the next step confirms it
         nonfinite_run = 0  # consecutive steps with a NaN/Inf somewhere
         while state.step < self.total_steps and self.guard.pause_reason is None:
             with self.profiler.step(state.step + 1):  # global_profiler: the step and its validation
@@ -315,22 +316,18 @@ class PPOTrainer:
                         metrics |= self.validate()
             skipped = bool(metrics["training/nonfinite_skipped"])
             nonfinite_run = nonfinite_run + 1 if skipped else 0
-            metrics |= self.guard.observe(step, metrics)
+            metrics |= self.guard.observe(step, metrics, measured=not skipped)
             if tr.debug:
                 self.check_ranks(step, metrics)
             if 0 < tr.max_nonfinite_steps <= nonfinite_run and self.guard.pause_reason is None:
-                self.guard.pause_reason = (
+                self.guard.session.pause(
                     f"{nonfinite_run} steps in a row had non-finite values (see events.jsonl). To go on: check the "
                     "reward function or lower actor_rollout_ref.actor.optim.lr, then rerun (trainer.resume_mode=auto "
                     "resumes).")
-            if pending_stable is not None and not skipped and self.guard.confirms(step):
-                self.checkpoints.mark_stable(pending_stable)  # its weights were just measured and found calm
-            pending_stable = None
             tracker.log(metrics, step=step)
             stopping = preemption is not None and any_rank(preemption.requested)  # a signal to one rank stops all
             if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last or self.guard.pause_reason or stopping:
-                saved = self.checkpoints.save(state, guard_state=self.guard.state_dict(), tokenizer=self.tokenizer)
-                pending_stable = step if saved is not None else None
+                self.guard.save_checkpoint(self.tokenizer)  # stable once the next step finds its weights calm
             if progress is not None:
                 progress(step, metrics)
             last = metrics

@@ -6,8 +6,8 @@ A checkpoint holds the policy and critic as Hugging Face folders (safetensors), 
 `manifest.json` (every file's relative path, size and sha256) is written last, everything is
 fsynced, and only then is the folder renamed into place and `latest_checkpointed_iteration.txt`
 (verl's name) moved. On load a checkpoint whose files do not match its manifest is skipped with a
-one-line warning and the previous one is used. The stable mark (see RunState.mark_stable) is a
-separate `STABLE` file, outside the manifest, so marking never rewrites a verified file.
+one-line warning and the previous one is used. Retention (`max_to_keep`) spares the checkpoints the caller names,
+such as the newest one the guard found stable (klguard.guard.session).
 
 Test hook: `KLGUARD_TEST_KILL_IN_SAVE=N` SIGKILLs the process halfway through writing checkpoint N
 (after the weights, before the state and manifest), to test that a killed write leaves no usable
@@ -26,7 +26,7 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,9 +39,8 @@ from klguard.errors import UserError
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
-STABLE_FILE = "STABLE"
 KILL_IN_SAVE_ENV = "KLGUARD_TEST_KILL_IN_SAVE"
-_UNLISTED = {MANIFEST_FILE, STABLE_FILE}
+_UNLISTED = {MANIFEST_FILE}
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _PARTIAL_DIR = re.compile(r"^\.global_step_\d+\.partial$")
 
@@ -173,8 +172,9 @@ class CheckpointManager:
         """The newest checkpoint that matches its manifest."""
         return next((self.path(s) for s in self.candidates() if self.is_valid(s)), None)
 
-    def save(self, step: int, write: Callable[[Path], None], state: dict[str, Any]) -> Path:
-        """Write a checkpoint with `write(folder)` (on every rank) plus `state`, then publish it atomically."""
+    def save(self, step: int, write: Callable[[Path], None], state: dict[str, Any], keep: Iterable[int] = ()) -> Path:
+        """Write a checkpoint with `write(folder)` (on every rank) plus `state`, then publish it atomically; retention
+        spares the checkpoints of the steps in `keep`."""
         final = self.path(step)
         tmp = self.run_dir / f".global_step_{step}.partial"
         if self.dist.is_main:
@@ -194,39 +194,28 @@ class CheckpointManager:
             os.replace(tmp, final)
             _fsync_dir(self.run_dir)
             atomic_write_text(self.run_dir / LATEST_FILE, str(step))
-            self._prune()
+            self._prune(set(keep))
         self._warned.discard(step)
         self.dist.barrier()  # published: every rank may read it
         return final
 
-    def is_stable(self, step: int) -> bool:
-        return (self.path(step) / STABLE_FILE).is_file()
-
-    def mark_stable(self, step: int) -> None:
-        folder = self.path(step)
-        if self.dist.is_main and folder.is_dir():
-            atomic_write_text(folder / STABLE_FILE, "confirmed by the step that followed\n")
-
-    def _prune(self) -> None:
-        """Delete checkpoints beyond `max_to_keep`, never the newest stable one, and leftover partials."""
+    def _prune(self, spared: set[int]) -> None:
+        """Delete checkpoints beyond `max_to_keep` (never those in `spared`) and leftover partials."""
         for child in self.run_dir.iterdir():
             if _PARTIAL_DIR.match(child.name):
                 shutil.rmtree(child, ignore_errors=True)
         if self.max_to_keep is None:
             return
         steps = self.steps()
-        stable = [s for s in steps if self.is_stable(s)]
-        keep = set(steps[-self.max_to_keep :]) | set(stable[-1:])
+        keep = set(steps[-self.max_to_keep :]) | spared
         for step in steps:
             if step not in keep:
                 shutil.rmtree(self.path(step), ignore_errors=True)
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
-    """`trainer_state.json`, with `stable` from the STABLE mark."""
-    state = json.loads((Path(ckpt) / STATE_FILE).read_text())
-    state["stable"] = bool(state.get("stable")) or (Path(ckpt) / STABLE_FILE).is_file()
-    return state
+    """`trainer_state.json`."""
+    return json.loads((Path(ckpt) / STATE_FILE).read_text())
 
 
 def save_tensors(obj: Any, path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`events.jsonl`: one JSON line per guard decision, and the one console line that goes with it."""
+"""`events.jsonl`: one JSON line per guard decision, and the one console line that goes with it; on resume, the
+lines a killed run wrote after its checkpoint are dropped from it and from `metrics.jsonl`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from klguard.runtime.checkpoint import atomic_write_text
+
 
 def append_event(path: Path, record: dict[str, Any], *, who: str = "klguard guard") -> None:
     """Append `record` (an Action's dict, or a skipped step's) to `path` and print `who [step N] kind: reason`."""
@@ -15,3 +18,21 @@ def append_event(path: Path, record: dict[str, Any], *, who: str = "klguard guar
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
     tqdm.write(f"{who} [step {record['step']}] {record['kind']}: {record['reason']}")
+
+
+def truncate_logs(run_dir: Path, step: int) -> None:
+    """On resume from checkpoint `step`, drop the lines of `metrics.jsonl` and `events.jsonl` that a
+    killed run wrote after it (and any torn last line), so every step appears once, as resumed."""
+    for name in ("metrics.jsonl", "events.jsonl"):
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and int(record.get("step", 0)) <= step:
+                kept.append(line + "\n")
+        atomic_write_text(path, "".join(kept))

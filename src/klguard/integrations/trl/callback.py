@@ -6,13 +6,13 @@
     trainer.train()
 
 At every step's log (``on_log``, step N) the callback maps TRL's metrics to the guard's names, updates the
-KL controller from TRL's ``kl``, feeds the guard and applies its actions before step N+1: beta
-(``trainer.beta``), the learning rates (param groups and the scheduler's base rates), gradient clipping
-(``args.max_grad_norm``), a rollback to the newest stable checkpoint, re-anchoring the reference, a pause
-(a checkpoint, then a clean stop). A checkpoint becomes stable when the next step finds its weights calm,
-as in klguard's trainer. The guard's and the controller's state travel in each checkpoint's
-``trainer_state.json`` (transformers' ExportableState), so ``resume_from_checkpoint`` takes the same
-decisions as an uninterrupted run. ``events.jsonl`` in ``args.output_dir`` lists every action.
+KL controller from TRL's ``kl``, feeds the guard session (klguard.guard.session) and carries out its actions before
+step N+1 (:class:`TRLHost`): beta (``trainer.beta``), the learning rates (param groups and the scheduler's base
+rates), gradient clipping (``args.max_grad_norm``), a rollback to the newest stable checkpoint, re-anchoring the
+reference, a pause (a checkpoint, then a clean stop). The session's state (guard, KL controller, stable
+checkpoints) travels in each checkpoint's ``trainer_state.json`` (transformers' ExportableState), so
+``resume_from_checkpoint`` takes the same decisions as an uninterrupted run. ``events.jsonl`` in
+``args.output_dir`` lists every action.
 """
 
 from __future__ import annotations
@@ -27,23 +27,17 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from klguard.algo.kl import build_kl_controller
-from klguard.guard import Action, KLGuard
+from klguard.guard import GuardSession, HostKeys, KLGuard
 from klguard.guard.signals import REF_KL_LOSS
 from klguard.integrations.gold import GoldWindow
 from klguard.integrations.metric_maps import to_klguard_names
 from klguard.integrations.trl import trainer_ops
 from klguard.integrations.trl.settings import check_trainer, load_settings
-from klguard.ppo.checkpointing import truncate_logs
-from klguard.runtime.events import append_event
+from klguard.runtime.events import append_event, truncate_logs
 
 STATE_VERSION = 1
-
-PAUSE_HINTS = {
-    "kl_hard": "raise GRPOConfig beta or guard.kl_hard_limit",
-    "val_drop": "raise GRPOConfig beta, lower learning_rate or raise guard.val_drop_max",
-    "ppo_kl": "lower learning_rate or raise guard.ppo_kl_max",
-    "hacking": "raise GRPOConfig beta or set guard.hacking_action=raise_kl_coef",
-}
+TRL_KEYS = HostKeys(kl_coef="GRPOConfig beta", lr="learning_rate", save_freq="save_steps",
+                    resume="resume_from_checkpoint")
 
 
 class KLGuardCallback(TrainerCallback, ExportableState):
@@ -55,35 +49,36 @@ class KLGuardCallback(TrainerCallback, ExportableState):
         self.settings = load_settings(list(overrides or ()))
         check_trainer(trainer, self.settings)
         kc = self.settings.kl_ctrl
+        # TRL's beta is a constant: the session owns the controller that moves it
         self.controller = build_kl_controller(kc.type, trainer.beta, target_kl=kc.target_kl, horizon=kc.horizon,
                                               kp=kc.kp, ki=kc.ki, kd=kc.kd)
-        self.guard: KLGuard | None = None
-        self.frozen = False  # the guard's warm-up holds beta
-        self.stable: list[int] = []  # checkpoint steps whose weights a later step found calm
-        self.pending: int | None = None  # the last checkpoint, stable once the next step confirms it
+        self.host = TRLHost(trainer)
+        self.session: GuardSession | None = None  # built once TRL knows the run's length
         self.gold = GoldWindow(self.settings.trl.gold_window)
         self.eval_gold: float | None = None  # an evaluation's gold, given to the guard with the next step
-        self.pause_reason: str | None = None
-        self.last_rollback_step: int | None = None
-        self.events_path = Path(trainer.args.output_dir) / "events.jsonl"
+
+    @property
+    def pause_reason(self) -> str | None:
+        return None if self.session is None else self.session.pause_reason
 
     # ------------------------------------------------------------------ TRL's events
     def on_train_begin(self, args, state, control, **kwargs):
         self._run_first()
         kc = self.settings.kl_ctrl
-        self.guard = KLGuard(self.settings.guard, total_steps=state.max_steps, target_kl=kc.target_kl,
-                             kl_coef=self.trainer.beta, kl_controlled=kc.type != "fixed")
+        guard = KLGuard(self.settings.guard, total_steps=state.max_steps, target_kl=kc.target_kl,
+                        kl_coef=self.trainer.beta, kl_controlled=kc.type != "fixed")
+        self.session = GuardSession(guard, self.host, TRL_KEYS, self.controller)
+        self.host.control = control
         saved = (state.stateful_callbacks or {}).get(type(self).__name__)
         if state.global_step > 0:
             self._resume(state, saved)
         else:
-            for action in self.guard.observe(0, {}):  # the warm-up freeze of step 1, if configured
-                self._apply(action, state, control)
+            self.session.observe(0, {})  # the warm-up freeze of step 1, if configured
         self.trainer.beta = self.controller.value
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is None or self.guard is None:
+        if logs is None or self.session is None:
             return control
         if any(key.startswith("eval_") for key in logs):
             self._take_eval(logs)
@@ -93,15 +88,12 @@ class KLGuardCallback(TrainerCallback, ExportableState):
         step, beta = state.global_step, self.trainer.beta
         metrics = self._guard_inputs(logs, beta)
         kl = metrics.get(REF_KL_LOSS)
-        if kl is not None and not self.frozen:
-            self.controller.update(kl, n_steps=self._batch_rows())
-        for action in self.guard.observe(step, metrics):
-            self._apply(action, state, control)
-        if self.pending is not None and self.guard.is_stable() and self.last_rollback_step != step:
-            self.stable.append(self.pending)  # its weights were just measured and found calm
-        self.pending = None
+        if kl is not None:
+            self.session.update_kl(kl, n_steps=self._batch_rows())
+        self.host.control = control
+        self.session.observe(step, metrics)
         self.trainer.beta = self.controller.value
-        extra = self.guard.guard_metrics() | {"beta": beta}
+        extra = self.session.guard_metrics() | {"beta": beta}
         extra |= {k: v for k, v in metrics.items() if k.startswith(("hacking/", "guard/gold"))}
         logs.update(extra)
         if state.log_history and state.log_history[-1].get("step") == step:
@@ -109,18 +101,19 @@ class KLGuardCallback(TrainerCallback, ExportableState):
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        self.pending = state.global_step
+        if self.session is not None:  # every process: the next step judges this checkpoint
+            self.session.pending = state.global_step
         return control
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:
-        """Saved in each checkpoint's trainer_state.json (transformers calls this just before on_save)."""
-        if self.guard is None:
+        """Saved in each checkpoint's trainer_state.json (transformers calls this just before on_save, on the
+        process that writes it)."""
+        if self.session is None:
             return {"args": {}, "attributes": {}}
-        step = self.trainer.state.global_step
+        self.session.pending = self.trainer.state.global_step  # the checkpoint being written: a resume judges it
         return {"args": {}, "attributes": {"klguard": {
-            "version": STATE_VERSION, "guard": self.guard.state_dict(), "kl_ctrl": self.controller.state_dict(),
-            "frozen": self.frozen, "stable": list(self.stable), "pending": step, "gold": self.gold.state_dict(),
+            "version": STATE_VERSION, **self.session.state_dict(), "gold": self.gold.state_dict(),
             "eval_gold": self.eval_gold}}}
 
     def _resume(self, state, saved: dict | None) -> None:
@@ -132,15 +125,13 @@ class KLGuardCallback(TrainerCallback, ExportableState):
         if found.get("version") != STATE_VERSION:
             raise ValueError(f"klguard state version {found.get('version')!r} in trainer_state.json is not "
                              f"{STATE_VERSION}: resume with the klguard that wrote it")
-        self.guard.load_state_dict(found["guard"])
-        self.controller.load_state_dict(found["kl_ctrl"])
-        self.frozen, self.stable, self.pending = bool(found["frozen"]), list(found["stable"]), found["pending"]
+        self.session.load_state_dict(found)
         self.gold.load_state_dict(found["gold"])
         self.eval_gold = found["eval_gold"]
-        if self.guard.grad_clip is not None:
-            trainer_ops.set_grad_clip(self.trainer, self.guard.grad_clip)
+        if self.session.guard.grad_clip is not None:  # args.max_grad_norm comes from the launch, not the checkpoint
+            trainer_ops.set_grad_clip(self.trainer, self.session.guard.grad_clip)
         if state.is_world_process_zero:
-            truncate_logs(self.events_path.parent, state.global_step)  # events a killed run wrote after it
+            truncate_logs(self.host.output_dir, state.global_step)  # events a killed run wrote after it
 
     # ------------------------------------------------------------------ inputs
     def _guard_inputs(self, logs: dict[str, Any], beta: float) -> dict[str, float]:
@@ -172,58 +163,7 @@ class KLGuardCallback(TrainerCallback, ExportableState):
         args = self.trainer.args
         return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
 
-    # ------------------------------------------------------------------ actions
-    def _apply(self, action: Action, state, control) -> None:
-        self._record(action, state)
-        kind, trainer = action.kind, self.trainer
-        if kind == "cut_lr":
-            trainer_ops.scale_lr(trainer, action.new / action.old)
-        elif kind in ("raise_kl_coef", "freeze_kl_coef"):
-            self.controller.value = action.new
-            self.frozen = self.frozen or kind == "freeze_kl_coef"
-        elif kind == "release_kl_coef":
-            self.frozen = False
-            if action.new is not None:
-                self.controller.value = action.new
-        elif kind == "lower_target_kl" and hasattr(self.controller, "target_kl"):
-            self.controller.target_kl = action.new
-        elif kind == "set_grad_clip":
-            trainer_ops.set_grad_clip(trainer, action.new)
-        elif kind == "rollback":
-            self._rollback(action, state, control)
-        elif kind == "reanchor_reference" and not trainer_ops.reanchor_reference(trainer):
-            self._say(state, "klguard: this trainer has no separate reference model (PEFT): not re-anchored")
-        elif kind == "pause":
-            hint = PAUSE_HINTS.get(action.rule, "adjust the guard.* threshold named above")
-            self._pause(f"{action.reason} To go on: {hint}, then resume_from_checkpoint.", state, control)
-
-    def _rollback(self, action: Action, state, control) -> None:
-        self.last_rollback_step = action.step
-        output_dir = Path(self.trainer.args.output_dir)
-        folders = [output_dir / f"checkpoint-{s}" for s in reversed(self.stable)]
-        folder = next((f for f in folders if f.is_dir()), None)
-        if folder is not None:
-            trainer_ops.restore_checkpoint(self.trainer, folder)
-            restored = int(folder.name.rpartition("-")[2])
-            self._say(state, f"klguard: rolled back to {folder}")
-        elif trainer_ops.can_restore_reference(self.trainer):
-            restored = self.guard.reference_step
-            trainer_ops.restore_reference(self.trainer)
-            self._say(state, f"klguard: rolled back to the reference policy (step {restored}; no stable checkpoint "
-                      "on disk: set save_steps to give the guard rollback targets)")
-        else:
-            self._pause(f"{action.reason} No stable checkpoint is on disk and the reference cannot be restored: "
-                        "paused instead (set save_steps).", state, control)
-            return
-        for follow_up in self.guard.on_rollback(restored):
-            self._apply(follow_up, state, control)
-
-    def _pause(self, reason: str, state, control) -> None:
-        self.pause_reason = reason
-        control.should_save = True
-        control.should_training_stop = True
-        self._say(state, f"klguard: paused at step {state.global_step}: {reason}")
-
+    # ------------------------------------------------------------------ order
     def _run_first(self) -> None:
         """Move this callback to the front of the trainer's list, so the loggers that run after it (TensorBoard,
         W&B, trackio) see the guard/* metrics it adds to each step's logs. Safe inside the on_train_begin loop:
@@ -234,13 +174,60 @@ class KLGuardCallback(TrainerCallback, ExportableState):
         handler.remove(self)
         handler.insert(0, self)
 
-    def _record(self, action: Action, state) -> None:
-        if not state.is_world_process_zero:
-            return
-        append_event(self.events_path, action.to_dict())
 
-    @staticmethod
-    def _say(state, message: str) -> None:
-        if state.is_world_process_zero:
+class TRLHost:
+    """The guard's actions on a live GRPOTrainer (klguard.guard.GuardHost). Every process applies them (they follow
+    from the same gathered metrics); the main process writes and prints them. ``control``: the TrainerControl of
+    the event being handled."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.output_dir = Path(trainer.args.output_dir)
+        self.events_path = self.output_dir / "events.jsonl"
+        self.control = None
+
+    def set_kl_coef(self, value: float | None, *, frozen: bool) -> None:
+        if value is not None:  # the session's controller holds it, frozen or not
+            self.trainer.beta = value
+
+    def set_target_kl(self, value: float) -> None:
+        pass  # the session's controller took it
+
+    def set_lr_scale(self, scale: float, ratio: float) -> None:
+        trainer_ops.scale_lr(self.trainer, ratio)
+
+    def set_grad_clip(self, clip: float) -> None:
+        trainer_ops.set_grad_clip(self.trainer, clip)
+
+    def restore_checkpoint(self, step: int) -> int | None:
+        folder = self.output_dir / f"checkpoint-{step}"
+        if not folder.is_dir():  # save_total_limit deleted it
+            return None
+        trainer_ops.restore_checkpoint(self.trainer, folder)
+        self.say(f"klguard: rolled back to {folder}")
+        return step
+
+    def restore_reference(self, reference_step: int) -> int | None:
+        if not trainer_ops.can_restore_reference(self.trainer):
+            return None
+        trainer_ops.restore_reference(self.trainer)
+        self.say(f"klguard: rolled back to the reference policy (step {reference_step}; no stable checkpoint on "
+                 "disk: set save_steps to give the guard rollback targets)")
+        return reference_step
+
+    def reanchor_reference(self, step: int) -> None:
+        if not trainer_ops.reanchor_reference(self.trainer):
+            self.say("klguard: this trainer has no separate reference model (PEFT): not re-anchored")
+
+    def pause(self, reason: str) -> None:
+        self.control.should_save = True
+        self.control.should_training_stop = True
+        self.say(f"klguard: paused at step {self.trainer.state.global_step}: {reason}")
+
+    def write_event(self, record: dict[str, Any]) -> None:
+        if self.trainer.state.is_world_process_zero:
+            append_event(self.events_path, record)
+
+    def say(self, message: str) -> None:
+        if self.trainer.state.is_world_process_zero:
             tqdm.write(message)
-

@@ -1,12 +1,14 @@
-"""The guard of one verl run: its settings from the launch line, what it decides after each step, what each
-decision does to verl's trainer, and its state beside each of verl's checkpoints.
+"""The guard of one verl run: its settings from the launch line, its session (klguard.guard.session: what it decides
+after each step, the stable checkpoints), what each decision does to verl's trainer, and its state beside each of
+verl's checkpoints.
 
 What acts live and what waits for a relaunch (verl 0.9.1 has no worker call for the lr, the KL-loss
 coefficient or the gradient clip; a relaunch resumes with them, see `relaunch_settings`):
 - in-reward KL coefficient (`algorithm.use_kl_in_reward=true`): `trainer.kl_ctrl_in_reward.value`, live;
   `lower_target_kl` sets the adaptive controller's target, live;
-- rollback: the newest stable `global_step_N` through verl's own worker calls (`load_checkpoint` of the actor and
-  the critic), then a weight sync to the rollout replicas (`checkpoint_manager.update_weights`), live;
+- rollback: the newest stable `global_step_N` still on disk through verl's own worker calls (`load_checkpoint` of
+  the actor and the critic), then a weight sync to the rollout replicas (`checkpoint_manager.update_weights`),
+  live; with none, a pause;
 - pause: a checkpoint (unless this step saved one), then the loop ends after this step, live;
 - KL-loss coefficient, lr, gradient clip: saved, applied to the config at the next relaunch (the message says
   which keys); re-anchoring the reference is not done in verl (the reference worker keeps its weights).
@@ -23,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from klguard.config.restricted import load_restricted
 from klguard.config.schema import Config
-from klguard.guard import Action, KLGuard
+from klguard.guard import GuardSession, HostKeys, KLGuard
 from klguard.runtime.events import append_event
 
 STATE_FILE = "klguard_state.json"
@@ -48,102 +50,98 @@ def _flatten(tree: Mapping, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
-class GuardSession:
-    """Holds KLGuard and the checkpoint bookkeeping for one verl trainer (`trainer`: verl's PPOTrainer)."""
+class VerlGuard:
+    """The guard session of one verl trainer (`trainer`: verl's PPOTrainer, given with each call), and its host
+    (klguard.guard.GuardHost): what each action does to verl, live or at the next launch."""
 
     def __init__(self, verl_config: DictConfig, total_steps: int) -> None:
         settings = guard_settings(verl_config)
         algo = verl_config.algorithm
         self.in_reward = bool(algo.use_kl_in_reward)
-        actor = verl_config.actor_rollout_ref.actor
-        coef = float(algo.kl_ctrl.kl_coef) if self.in_reward else float(actor.kl_loss_coef)
-        self.guard = KLGuard(settings.guard, total_steps=total_steps, target_kl=float(algo.kl_ctrl.target_kl),
-                             kl_coef=coef, kl_controlled=self.in_reward and algo.kl_ctrl.type != "fixed")
+        coef_key = "algorithm.kl_ctrl.kl_coef" if self.in_reward else "actor_rollout_ref.actor.kl_loss_coef"
+        guard = KLGuard(settings.guard, total_steps=total_steps, target_kl=float(algo.kl_ctrl.target_kl),
+                        kl_coef=float(OmegaConf.select(verl_config, coef_key)),
+                        kl_controlled=self.in_reward and algo.kl_ctrl.type != "fixed")
+        keys = HostKeys(kl_coef=coef_key, lr="actor_rollout_ref.actor.optim.lr", save_freq="trainer.save_freq",
+                        resume="relaunch with the same launch line", guard="+klguard.guard.")
+        self.session = GuardSession(guard, self, keys)
         self.run_dir = Path(verl_config.trainer.default_local_dir)
         self.events = self.run_dir / "events.jsonl"
-        self.stable: list[int] = []  # checkpoint steps a later step found calm
-        self.pending: int | None = None  # a checkpoint saved, stable once the next step finds its weights calm
+        self.trainer = None
         self.saved_at: int | None = None  # the step whose checkpoint exists (pause saves none twice)
-        self.held: float | None = None  # the warm-up's frozen in-reward coefficient
+        self.held: float | None = None  # the warm-up's frozen in-reward coefficient (verl's controller cannot hold)
         self.relaunch: dict[str, float] = {}  # verl keys the next launch should carry
-        self.last_rollback: int | None = None
 
     # ------------------------------------------------------------------ the step
     def after_step(self, trainer, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Decide on step `step`'s metrics (verl's names, as logged) and act; the guard/* metrics to log."""
+        self.trainer = trainer
         if self.held is not None and self.in_reward:
             trainer.kl_ctrl_in_reward.value = self.held
         numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        for action in self.guard.observe(step, numbers):
-            self.apply(trainer, action)
-        calm = self.guard.is_stable() and self.last_rollback != step
-        if self.pending is not None and self.pending < step and calm:  # this step's rollout used its weights
-            self.stable.append(self.pending)
-        if self.pending is not None and self.pending < step:
-            self.pending = None
-        if self.saved_at == step and self.last_rollback != step:
-            self.pending = step  # verl saves during the step, before its metrics: the next step judges it
+        self.session.observe(step, numbers)
+        if self.saved_at == step and self.session.last_rollback_step != step:
+            self.session.pending = step  # verl saves during the step, before its metrics: the next step judges it
         if self.saved_at == step:
             self._write_state(trainer)  # again, now with this step's decisions: a resume continues from here
-        return self.guard.guard_metrics()
+        return self.session.guard_metrics()
 
-    def apply(self, trainer, action: Action) -> None:
-        append_event(self.events, action.to_dict(), who="klguard guard (verl)")
-        kind = action.kind
-        if kind == "raise_kl_coef" or (kind in ("freeze_kl_coef", "release_kl_coef") and action.new is not None):
-            self._set_kl_coef(trainer, action)
-        if kind == "freeze_kl_coef":
-            self.held = action.new
-        elif kind == "release_kl_coef":
-            self.held = None
-        elif kind == "lower_target_kl" and self.in_reward and hasattr(trainer.kl_ctrl_in_reward, "target"):
-            trainer.kl_ctrl_in_reward.target = action.new
-        elif kind == "cut_lr":
-            lr = float(trainer.config.actor_rollout_ref.actor.optim.lr)
-            self._for_relaunch("actor_rollout_ref.actor.optim.lr", lr * self.guard.lr_scale)
-        elif kind == "set_grad_clip":
-            self._for_relaunch("actor_rollout_ref.actor.optim.clip_grad", action.new)
-        elif kind == "rollback":
-            self._rollback(trainer, action.step)
-        elif kind == "pause":
-            self._pause(trainer, action)
-        elif kind == "reanchor_reference":
-            _say("klguard: verl's reference worker keeps its weights: the reference is not re-anchored")
-
-    def _set_kl_coef(self, trainer, action: Action) -> None:
-        if self.in_reward:
-            trainer.kl_ctrl_in_reward.value = float(action.new)
-        else:
-            self._for_relaunch("actor_rollout_ref.actor.kl_loss_coef", action.new)
-
-    def _for_relaunch(self, key: str, value: float) -> None:
-        self.relaunch[key] = float(value)
-        _say(f"klguard: {key}={value:.4g} applies at the next launch (verl has no live path for it); the plugin "
-             "sets it when the run resumes from a checkpoint")
-
-    def _rollback(self, trainer, step: int) -> None:
-        if not self.stable:
-            _say(f"klguard: no stable checkpoint to roll back to at step {step}: pausing instead")
-            self._pause(trainer, None)
+    # ------------------------------------------------------------------ the host (klguard.guard.GuardHost)
+    def set_kl_coef(self, value: float | None, *, frozen: bool) -> None:
+        self.held = value if frozen else None
+        if value is None:
             return
-        target = self.stable[-1]
-        folder = self.run_dir / f"global_step_{target}"
+        if self.in_reward:
+            self.trainer.kl_ctrl_in_reward.value = float(value)
+        else:
+            self._for_relaunch("actor_rollout_ref.actor.kl_loss_coef", value)
+
+    def set_target_kl(self, value: float) -> None:
+        if self.in_reward and hasattr(self.trainer.kl_ctrl_in_reward, "target"):
+            self.trainer.kl_ctrl_in_reward.target = value
+
+    def set_lr_scale(self, scale: float, ratio: float) -> None:
+        lr = float(self.trainer.config.actor_rollout_ref.actor.optim.lr)
+        self._for_relaunch("actor_rollout_ref.actor.optim.lr", lr * scale)
+
+    def set_grad_clip(self, clip: float) -> None:
+        self._for_relaunch("actor_rollout_ref.actor.optim.clip_grad", clip)
+
+    def restore_checkpoint(self, step: int) -> int | None:
+        """verl's own worker calls load the actor (and critic), then the rollout replicas get the old weights."""
+        trainer, folder = self.trainer, self.run_dir / f"global_step_{step}"
+        if not folder.is_dir():  # max_actor_ckpt_to_keep deleted it
+            return None
         trainer.actor_rollout_wg.load_checkpoint(local_path=str(folder / "actor"), del_local_after_load=False)
         if trainer.use_critic:
             trainer.critic_wg.load_checkpoint(local_path=str(folder / "critic"), del_local_after_load=False)
-        trainer.checkpoint_manager.update_weights(trainer.global_steps)  # the rollout replicas get the old weights
-        self.last_rollback = step
-        self.pending = None
-        _say(f"klguard: rolled back to {folder} at step {step}")
-        for action in self.guard.on_rollback(target):
-            self.apply(trainer, action)
+        trainer.checkpoint_manager.update_weights(trainer.global_steps)
+        self.say(f"klguard: rolled back to {folder} at step {trainer.global_steps}")
+        return step
 
-    def _pause(self, trainer, action: Action | None) -> None:
+    def restore_reference(self, reference_step: int) -> int | None:
+        return None  # verl's reference worker holds the weights, and no call copies them into the actor
+
+    def reanchor_reference(self, step: int) -> None:
+        self.say("klguard: verl's reference worker keeps its weights: the reference is not re-anchored")
+
+    def pause(self, reason: str) -> None:
+        trainer = self.trainer
         if self.saved_at != trainer.global_steps:
             trainer._save_checkpoint()
         trainer.total_training_steps = trainer.global_steps  # fit() ends after this step
-        why = action.reason if action is not None else "no stable checkpoint to roll back to"
-        _say(f"klguard: paused at step {trainer.global_steps}: {why}; resume with the same launch line")
+        self.say(f"klguard: paused at step {trainer.global_steps}: {reason}")
+
+    def write_event(self, record: dict[str, Any]) -> None:
+        append_event(self.events, record, who="klguard guard (verl)")
+
+    def say(self, message: str) -> None:
+        _say(message)
+
+    def _for_relaunch(self, key: str, value: float) -> None:
+        self.relaunch[key] = float(value)
+        self.say(f"klguard: {key}={value:.4g} applies at the next launch (verl has no live path for it); the "
+                 "plugin sets it when the run resumes from a checkpoint")
 
     # ------------------------------------------------------------------ checkpoints
     def on_save(self, trainer) -> None:
@@ -155,21 +153,20 @@ class GuardSession:
     def _write_state(self, trainer) -> None:
         folder = self.run_dir / f"global_step_{trainer.global_steps}"
         ctrl = getattr(trainer, "kl_ctrl_in_reward", None)
-        state = {"version": STATE_VERSION, "guard": self.guard.state_dict(), "stable": self.stable,
-                 "pending": self.pending, "held": self.held, "relaunch": self.relaunch,
+        state = {"version": STATE_VERSION, **self.session.state_dict(), "held": self.held, "relaunch": self.relaunch,
                  "kl_ctrl": None if ctrl is None else {"value": ctrl.value, "target": getattr(ctrl, "target", None)}}
         tmp = folder / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, sort_keys=True))
         tmp.replace(folder / STATE_FILE)
 
     def on_resume(self, trainer) -> None:
-        """After verl restored global_step_N: the guard, the stable list and the KL controller as they were."""
+        """After verl restored global_step_N: the guard session, the warm-up's hold, the settings for the next
+        launch and verl's KL controller (which verl does not save) as they were."""
         state = self.read_state(self.run_dir / f"global_step_{trainer.global_steps}")
         if state is None:
             return
-        self.guard.load_state_dict(state["guard"])
-        self.stable, self.pending, self.held = list(state["stable"]), state["pending"], state["held"]
-        self.relaunch = dict(state["relaunch"])
+        self.session.load_state_dict(state)
+        self.held, self.relaunch = state["held"], dict(state["relaunch"])
         ctrl = state["kl_ctrl"]
         if ctrl is not None and getattr(trainer, "kl_ctrl_in_reward", None) is not None:
             trainer.kl_ctrl_in_reward.value = ctrl["value"]
@@ -200,7 +197,7 @@ def apply_relaunch_settings(verl_config: DictConfig) -> list[str]:
         folder = run_dir / f"global_step_{latest.read_text().strip()}"
     else:
         return []
-    state = GuardSession.read_state(folder)
+    state = VerlGuard.read_state(folder)
     done = []
     with open_dict(verl_config):
         for key, value in ((state or {}).get("relaunch") or {}).items():

@@ -6,7 +6,7 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from klguard.integrations.verl.session import GuardSession, apply_relaunch_settings
+from klguard.integrations.verl.session import VerlGuard, apply_relaunch_settings
 
 MODE = "klguard"
 
@@ -21,11 +21,11 @@ class KLGuardTrainer(PPOTrainerSync):
             config.trainer.v1.trainer_mode = "sync"  # verl's base class tests for the literal "sync"
         apply_relaunch_settings(config)
         super().__init__(config)
-        self.klguard: GuardSession | None = None
+        self.klguard: VerlGuard | None = None
 
-    def _guard(self) -> GuardSession:
+    def _guard(self) -> VerlGuard:
         if self.klguard is None:  # total_training_steps is known once verl built its dataloader
-            self.klguard = GuardSession(self.config, int(getattr(self, "total_training_steps", 0) or 0))
+            self.klguard = VerlGuard(self.config, int(getattr(self, "total_training_steps", 0) or 0))
         return self.klguard
 
     def _load_checkpoint(self):

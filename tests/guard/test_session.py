@@ -1,0 +1,253 @@
+"""GuardSession against a fake host: what each action does to the host, the stable checkpoints, rollback targets,
+pauses and their hints, the session's own KL controller, and resuming from state_dict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from guard_streams import QUIET, seed_config, steps
+
+from klguard.algo.kl import build_kl_controller
+from klguard.guard import ACTION_KINDS, Action, GuardSession, HostKeys, KLGuard
+
+HARD = {"actor/reward_kl_penalty": 0.051}  # above the seed's kl_hard_limit 0.05: a rollback
+ALARM = {"actor/ppo_kl": 0.05}  # above ppo_kl_max 0.025: an alarm (guard/stable 0), no rollback
+TRL_KEYS = HostKeys(kl_coef="GRPOConfig beta", lr="learning_rate", save_freq="save_steps",
+                    resume="resume_from_checkpoint")
+
+
+class FakeHost:
+    """Records every call but events; `checkpoints`: the steps it can restore; `reference`: whether it can restore
+    the reference."""
+
+    def __init__(self, checkpoints=(), reference: bool = True) -> None:
+        self.checkpoints, self.reference = set(checkpoints), reference
+        self.calls: list[tuple] = []
+        self.events: list[dict] = []
+
+    def set_kl_coef(self, value, *, frozen):
+        self.calls.append(("set_kl_coef", value, frozen))
+
+    def set_target_kl(self, value):
+        self.calls.append(("set_target_kl", value))
+
+    def set_lr_scale(self, scale, ratio):
+        self.calls.append(("set_lr_scale", scale, ratio))
+
+    def set_grad_clip(self, clip):
+        self.calls.append(("set_grad_clip", clip))
+
+    def restore_checkpoint(self, step):
+        self.calls.append(("restore_checkpoint", step))
+        return step if step in self.checkpoints else None
+
+    def restore_reference(self, reference_step):
+        self.calls.append(("restore_reference", reference_step))
+        return reference_step if self.reference else None
+
+    def reanchor_reference(self, step):
+        self.calls.append(("reanchor_reference", step))
+
+    def pause(self, reason):
+        self.calls.append(("pause", reason))
+
+    def write_event(self, record):
+        self.events.append(record)
+
+    def say(self, message):
+        self.calls.append(("say", message))
+
+
+def session(host: FakeHost | None = None, keys: HostKeys | None = None, controller=None, total_steps: int = 100,
+            **cfg) -> GuardSession:
+    guard = KLGuard(seed_config(**cfg), total_steps=total_steps, target_kl=0.015, kl_coef=0.1)
+    return GuardSession(guard, host or FakeHost(), keys, controller)
+
+
+def action(kind: str, old=None, new=None, rule: str = "test") -> Action:
+    return Action(kind, f"{kind} reason.", None, None, None, old, new, 7, rule)
+
+
+DIRECT = {  # an action applied on its own -> the host calls it makes
+    "warn": (action("warn"), []),
+    "cut_lr": (action("cut_lr", 0.5, 0.25), [("set_lr_scale", 0.25, 0.5)]),
+    "raise_kl_coef": (action("raise_kl_coef", 0.1, 0.3), [("set_kl_coef", 0.3, False)]),
+    "lower_target_kl": (action("lower_target_kl", 0.015, 0.01), [("set_target_kl", 0.01)]),
+    "set_grad_clip": (action("set_grad_clip", None, 1.0), [("set_grad_clip", 1.0)]),
+    "reanchor_reference": (action("reanchor_reference", 0, 4), [("reanchor_reference", 4)]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DIRECT))
+def test_each_action_calls_its_host_method_and_is_written(kind):
+    act, expected = DIRECT[kind]
+    host = FakeHost()
+    session(host).apply(act)
+    assert host.calls == expected
+    assert host.events == [act.to_dict()]
+
+
+def test_every_action_kind_is_tested_here():
+    driven = {"freeze_kl_coef", "release_kl_coef", "rollback", "pause"}  # through the guard, below
+    assert set(DIRECT) | driven == set(ACTION_KINDS)
+
+
+def test_the_warmup_freezes_then_releases_the_kl_coefficient():
+    """warmup_ratio 0.1 of 20 steps: steps 1-2 run with kl_coef held at 0.05, step 3 with the 0.1 it had."""
+    host = FakeHost()
+    s = session(host, total_steps=20, warmup_ratio=0.1, warmup_kl_coef=0.05)
+    s.observe(0, {})
+    assert host.calls == [("set_kl_coef", 0.05, True)] and s.guard.kl_frozen
+    s.observe(1, dict(QUIET, **{"actor/reward_kl_penalty_coeff": 0.05}))
+    assert len(host.calls) == 1
+    s.observe(2, dict(QUIET, **{"actor/reward_kl_penalty_coeff": 0.05}))
+    assert host.calls[1:] == [("set_kl_coef", 0.1, False)] and not s.guard.kl_frozen
+    assert [e["kind"] for e in host.events] == ["freeze_kl_coef", "release_kl_coef"]
+
+
+def test_a_session_controller_takes_the_coefficient_the_target_and_the_kl():
+    """The host with no controller of its own (TRL): the session's adaptive controller holds the warm-up's 0.05
+    without updates, resumes from 0.1, then moves with the KL and takes the guard's target and raise."""
+    host = FakeHost()
+    ctrl = build_kl_controller("adaptive", kl_coef=0.1, target_kl=0.01, horizon=100)
+    s = session(host, controller=ctrl, total_steps=20, warmup_ratio=0.1, warmup_kl_coef=0.05)
+    s.observe(0, {})
+    s.update_kl(0.02, n_steps=10)
+    assert ctrl.value == 0.05 and host.calls == [("set_kl_coef", 0.05, True)]
+    for step in (1, 2):
+        s.observe(step, QUIET)
+    assert ctrl.value == 0.1 and host.calls[-1] == ("set_kl_coef", 0.1, False)
+    s.update_kl(0.02, n_steps=10)  # error clipped to 0.2: 0.1 x (1 + 0.2 x 10 / 100)
+    assert ctrl.value == pytest.approx(0.102)
+    s.apply(action("lower_target_kl", 0.01, 0.005))
+    assert ctrl.target_kl == 0.005 and host.calls[-1] == ("set_target_kl", 0.005)
+    s.apply(action("raise_kl_coef", 0.102, 0.2))
+    assert ctrl.value == 0.2 and host.calls[-1] == ("set_kl_coef", 0.2, False)
+
+
+def test_the_pending_checkpoint_becomes_stable_when_the_next_step_is_calm():
+    s = session()
+    s.pending = 2
+    s.observe(3, QUIET)
+    assert s.stable == [2] and s.pending is None
+    s.pending = 3
+    s.observe(4, dict(QUIET, **ALARM))
+    assert s.stable == [2] and s.pending is None  # step 4's alarm: checkpoint 3 is not a rollback target
+    s.pending = 4
+    s.observe(5, QUIET, measured=False)  # a skipped step did not measure checkpoint 4's weights
+    assert s.stable == [2] and s.pending is None
+
+
+def test_no_promotion_at_a_rollback_step_even_though_the_guard_is_calm_after_it():
+    host = FakeHost(checkpoints={2})
+    s = session(host)
+    s.pending, s.stable = 4, [2]
+    s.observe(5, dict(QUIET, **HARD))
+    assert s.guard.is_stable()  # on_rollback cleared the alarms: only the rollback itself keeps 4 out
+    assert s.stable == [2] and s.last_rollback_step == 5
+
+
+def test_a_rollback_restores_the_newest_stable_checkpoint_that_exists_then_tightens():
+    """Checkpoint 6 is gone: 4 is restored, the reference re-anchored there, then target_kl 0.015 -> 0.01,
+    kl_coef 0.1 x 2 and the lr scale x 0.5, in the guard's order."""
+    host = FakeHost(checkpoints={2, 4})
+    s = session(host, reanchor_on_rollback=True, rollback_lr_factor=0.5)
+    s.stable = [2, 4, 6]
+    s.observe(5, dict(QUIET, **HARD))
+    assert host.calls == [("restore_checkpoint", 6), ("restore_checkpoint", 4), ("reanchor_reference", 4),
+                          ("set_target_kl", pytest.approx(0.01)), ("set_kl_coef", pytest.approx(0.2), False),
+                          ("set_lr_scale", 0.5, 0.5)]
+    assert [e["kind"] for e in host.events] == ["rollback", "reanchor_reference", "lower_target_kl",
+                                                "raise_kl_coef", "cut_lr"]
+    assert s.guard.reference_step == 4 and s.guard.lr_scale == 0.5 and s.pause_reason is None
+
+
+def test_with_no_stable_checkpoint_the_reference_is_restored():
+    host = FakeHost(checkpoints=set())
+    s = session(host, reanchor_on_rollback=True)
+    s.stable = [3]
+    s.observe(5, dict(QUIET, **HARD))
+    assert host.calls[:2] == [("restore_checkpoint", 3), ("restore_reference", 0)]
+    assert ("reanchor_reference", 0) not in host.calls  # the reference already holds step 0's policy
+    assert s.pause_reason is None
+
+
+def test_with_neither_a_checkpoint_nor_the_reference_it_pauses():
+    host = FakeHost(reference=False)
+    s = session(host, TRL_KEYS, reanchor_on_rollback=True)
+    s.observe(5, dict(QUIET, **HARD))
+    rollback = host.events[0]
+    reason = (f"{rollback['reason']} No stable checkpoint is on disk and the reference cannot be restored: paused "
+              "instead (set save_steps).")
+    assert host.calls == [("restore_reference", 0), ("pause", reason), ("set_target_kl", pytest.approx(0.01)),
+                          ("set_kl_coef", pytest.approx(0.2), False)]  # no re-anchoring: nothing was restored
+    assert s.pause_reason == reason
+
+
+def test_a_pause_carries_the_hosts_hint():
+    host = FakeHost()
+    s = session(host, TRL_KEYS, max_rollbacks=0)
+    s.observe(5, dict(QUIET, **HARD))
+    event = host.events[-1]
+    assert event["kind"] == "pause" and event["to_go_on"] == "raise GRPOConfig beta or guard.kl_hard_limit"
+    expected = (f"{event['reason']} To go on: raise GRPOConfig beta or guard.kl_hard_limit, then "
+                "resume_from_checkpoint.")
+    assert host.calls == [("pause", expected)] and s.pause_reason == expected
+
+
+def test_hints_spell_the_hosts_keys_and_fall_back_to_the_guards():
+    keys = HostKeys(kl_coef="algorithm.kl_ctrl.kl_coef", lr="actor_rollout_ref.actor.optim.lr",
+                    save_freq="trainer.save_freq", resume="rerun")
+    s = session(keys=keys)
+    assert s.hint("kl_slow") == "lower actor_rollout_ref.actor.optim.lr or raise algorithm.kl_ctrl.target_kl"
+    assert s.hint("grad_norm") == "adjust the guard.* threshold named above"
+    verl = session(keys=HostKeys(kl_coef="k", lr="l", save_freq="s", resume="r", guard="+klguard.guard."))
+    assert verl.hint("kl_hard") == "raise k or +klguard.guard.kl_hard_limit"
+    assert session().hint("kl_hard") is None
+
+
+def test_without_keys_a_pause_is_the_guards_reason_alone():
+    host = FakeHost()
+    s = session(host, max_rollbacks=0)
+    s.observe(5, dict(QUIET, **HARD))
+    assert "to_go_on" not in host.events[-1] and host.calls == [("pause", host.events[-1]["reason"])]
+
+
+def _history(s: GuardSession) -> None:
+    """Steps 1-6, checkpoints after 2 and 4 (both confirmed calm), 6 pending; an adaptive controller moved."""
+    for step, metrics in steps({}, 6):
+        s.update_kl(0.02, n_steps=10)
+        s.observe(step, metrics)
+        if step % 2 == 0:
+            s.pending = step
+
+
+def test_state_dict_round_trip_takes_the_same_later_decisions():
+    def fresh(host):
+        ctrl = build_kl_controller("adaptive", kl_coef=0.1, target_kl=0.01, horizon=100)
+        return session(host, TRL_KEYS, ctrl, reanchor_on_rollback=True)
+
+    whole = fresh(FakeHost(checkpoints={2, 4}))
+    _history(whole)
+    saved = json.loads(json.dumps(whole.state_dict()))
+    assert (saved["stable"], saved["pending"]) == ([2, 4], 6)
+    resumed = fresh(FakeHost(checkpoints={2, 4}))
+    resumed.load_state_dict(saved)
+    later = steps({8: HARD}, 9, start=7)  # 7 confirms 6 (not on disk: skipped), 8 rolls back to 4
+    for s in (whole, resumed):
+        for step, metrics in later:
+            s.update_kl(0.02, n_steps=10)
+            s.observe(step, metrics)
+    assert resumed.host.calls == whole.host.calls
+    assert resumed.host.calls[:3] == [("restore_checkpoint", 6), ("restore_checkpoint", 4), ("reanchor_reference", 4)]
+    assert resumed.host.events == [e for e in whole.host.events if e["step"] > 6]
+    assert resumed.state_dict() == whole.state_dict()
+    assert resumed.controller.value == whole.controller.value != 0.1
+
+
+def test_the_session_runs_without_torch():
+    code = "import sys, klguard.guard.session; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
