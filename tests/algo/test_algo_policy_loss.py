@@ -66,9 +66,9 @@ def test_the_update_calls_the_configured_loss(monkeypatch):
     batch = update.PPOBatch(ids, torch.ones_like(ids), torch.ones(2, 3), torch.zeros(2, 3) - 3.0,
                             torch.ones(2, 3), torch.zeros(2, 3))
     cfg = load_config(None, []).config.actor_rollout_ref.actor
-    metrics = update.update_actor(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg,
+    metrics, skipped = update.update_actor(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg,
                                   batches=UpdateBatches(2, 2), temperature=1.0)
-    assert called == ["vanilla"] and math.isfinite(metrics["actor/pg_loss"])
+    assert called == ["vanilla"] and math.isfinite(metrics["actor/pg_loss"]) and skipped == []
 
 
 def _tiny_model():

@@ -72,9 +72,8 @@ def _actor_step(share: bool, micro: int | None) -> tuple[dict[str, float], torch
     cfg = ActorConfig(ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=micro, use_kl_loss=True,
                       kl_loss_coef=0.1, entropy_coeff=0.01)
     optim = torch.optim.SGD(model.parameters(), lr=0.1)  # weights move by lr x gradient
-    metrics = update_actor(model, optim, batch, cfg, batches=UpdateBatches(len(batch), micro or len(batch)),
-                           temperature=0.9,
-                           share_prompt=share)
+    metrics, _ = update_actor(model, optim, batch, cfg, batches=UpdateBatches(len(batch), micro or len(batch)),
+                              temperature=0.9, share_prompt=share)
     return metrics, model
 
 
@@ -119,8 +118,8 @@ def test_critic_update_with_shared_prompts_matches_the_plain_one():
     def step(share: bool):
         critic, batch = new_critic(), _grouped_batch()
         cfg = CriticConfig(ppo_mini_batch_size=len(batch), ppo_epochs=1, shuffle=False, loss_agg_mode="token-mean")
-        metrics = update_critic(critic, torch.optim.SGD(critic.parameters(), lr=0.1), batch, cfg,
-                                batches=UpdateBatches(len(batch), len(batch)), share_prompt=share)
+        metrics, _ = update_critic(critic, torch.optim.SGD(critic.parameters(), lr=0.1), batch, cfg,
+                                   batches=UpdateBatches(len(batch), len(batch)), share_prompt=share)
         return metrics, critic
 
     (plain, a), (shared, b) = step(False), step(True)

@@ -51,7 +51,7 @@ def _update(critic, batch, cfg, in_update: bool) -> dict[str, float]:
         vpreds = critic_values(critic, batch.input_ids, batch.attention_mask, R)
     batch.values = vpreds.detach() * batch.response_mask
     batch.vpreds = vpreds if in_update else None
-    return update_critic(critic, optim, batch, cfg, batches=UpdateBatches(len(batch), len(batch)))
+    return update_critic(critic, optim, batch, cfg, batches=UpdateBatches(len(batch), len(batch)))[0]
 
 
 @pytest.mark.parametrize("cliprange_value", [0.5, 0.0])

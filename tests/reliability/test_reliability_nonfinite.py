@@ -76,9 +76,8 @@ def test_a_non_finite_loss_or_gradient_skips_the_optimizer_step(loss_of, where):
         loss = loss_of(weight)
         return loss, {"actor/pg_loss": loss.item()}
 
-    found: list[str] = []
-    acc = _run_updates([weight], optim, _linear_batch(), loss_fn, epochs=2, mini_batch_size=2, micro_batch_size=1,
-                       shuffle=False, grad_clip=1.0, generator=None, prefix="actor", nonfinite=found)
+    acc, found = _run_updates([weight], optim, _linear_batch(), loss_fn, epochs=2, mini_batch_size=2,
+                              micro_batch_size=1, shuffle=False, grad_clip=1.0, generator=None, prefix="actor")
     assert found == [where]
     assert acc["actor/skipped_steps"] == [1.0] * 4 and "actor/grad_norm" not in acc
     assert torch.equal(weight.detach(), torch.zeros(3)) and not optim.state

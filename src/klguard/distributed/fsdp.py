@@ -14,6 +14,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -87,25 +88,36 @@ def local_numel(model: torch.nn.Module) -> int:
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
 
 
+@dataclass
+class Resharding:
+    """Seconds spent gathering and re-sharding weights around a generation (`unsharded` fills it)."""
+
+    seconds: float = 0.0
+    gathered: bool = False  # whether there were sharded weights to gather (or a replica to refresh)
+
+
 @contextmanager
-def unsharded(model: torch.nn.Module, reshard_after_forward: bool, timing: dict[str, float]) -> Iterator[None]:
+def unsharded(model: torch.nn.Module, reshard_after_forward: bool) -> Iterator[Resharding]:
     """Whole weights on every rank for generation (one all-gather per layer, none per token), sharded again
-    after: the 3D-HybridEngine idea. Adds the all-gather and the resharding time to `timing["reshard"]`.
-    Ranks may then run different numbers of forwards (generation stops early on some)."""
+    after: the 3D-HybridEngine idea. Yields a Resharding that holds the all-gather's time, and the resharding's
+    too once the block is left. Ranks may then run different numbers of forwards (generation stops early on
+    some)."""
+    measured = Resharding()
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not modules:
-        yield
+        yield measured
         return
+    measured.gathered = True
     start = time.perf_counter()
     for module in modules:
         module.unshard()
         module.set_reshard_after_forward(False, recurse=False)
-    timing["reshard"] = timing.get("reshard", 0.0) + time.perf_counter() - start
+    measured.seconds += time.perf_counter() - start
     try:
-        yield
+        yield measured
     finally:
         start = time.perf_counter()
         for module in modules:
             module.reshard()
             module.set_reshard_after_forward(reshard_after_forward, recurse=False)
-        timing["reshard"] = timing.get("reshard", 0.0) + time.perf_counter() - start
+        measured.seconds += time.perf_counter() - start

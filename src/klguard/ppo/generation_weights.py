@@ -10,7 +10,7 @@ token; klguard.distributed.fsdp.unsharded). Under tensor parallelism two ways, c
   weights), refreshed from the actor's shards once per generation (one all-gather of the whole state); no
   collective per token, one more model in memory.
 
-`benchmarks/tp_rollout.py` measures both. The time spent gathering weights goes to `timing["reshard"]`.
+`benchmarks/tp_rollout.py` measures both. The time spent gathering weights is the yielded Resharding's.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from contextlib import contextmanager
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from klguard.distributed.fsdp import unsharded
+from klguard.distributed.fsdp import Resharding, unsharded
 
 FULL = StateDictOptions(full_state_dict=True)
 
 
 class GenerationWeights:
-    """`with weights(timing) as model:` the model to generate with, its weights the actor's current ones."""
+    """`with weights() as (model, resharding):` the model to generate with, its weights the actor's current ones,
+    and the time spent gathering them (complete once the block is left)."""
 
     def __init__(self, actor: torch.nn.Module, reshard_after_forward: bool,
                  build_replica: Callable[[], torch.nn.Module] | None = None) -> None:
@@ -37,12 +38,11 @@ class GenerationWeights:
         self.replica = build_replica() if build_replica is not None else None
 
     @contextmanager
-    def __call__(self, timing: dict[str, float]) -> Iterator[torch.nn.Module]:
+    def __call__(self) -> Iterator[tuple[torch.nn.Module, Resharding]]:
         if self.replica is None:
-            with unsharded(self.actor, self.reshard_after_forward, timing):
-                yield self.actor
+            with unsharded(self.actor, self.reshard_after_forward) as resharding:
+                yield self.actor, resharding
             return
         start = time.perf_counter()
         self.replica.load_state_dict(get_model_state_dict(self.actor, options=FULL))
-        timing["reshard"] = timing.get("reshard", 0.0) + time.perf_counter() - start
-        yield self.replica
+        yield self.replica, Resharding(time.perf_counter() - start, gathered=True)

@@ -41,8 +41,7 @@ def reference_scores(ref: torch.nn.Module, rewards: RewardManager, tokenizer, ro
                      prompt_mask: torch.Tensor, index: torch.Tensor, order: torch.Tensor, params: SamplingParams,
                      generator: torch.Generator, reshard_after_forward: bool) -> torch.Tensor:
     """The score of a response the reference policy samples for each row's prompt (PAR's r_ref)."""
-    timing: dict[str, float] = {}
-    with unsharded(ref, reshard_after_forward, timing), precision_scope(ref):
+    with unsharded(ref, reshard_after_forward), precision_scope(ref):
         ref.eval()
         out = generate_rows(ref, prompt_ids, prompt_mask, index, order, params, generator=generator)
     return score_rollout(rewards, tokenizer, rows, out).scores

@@ -123,14 +123,18 @@ class PPOTrainer:
             log(f"klguard: resumed from {resume_from} at step {self.state.step}")
 
     # ------------------------------------------------------------------ one PPO step
-    def train_step(self) -> dict[str, float]:
-        """One PPO step, phase by phase; a NaN/Inf in what a phase produced raises NonFiniteError (fit skips it)."""
+    def train_step(self) -> tuple[dict[str, float], list[str]]:
+        """Step `state.step + 1`, phase by phase; returns its metrics and the non-finite loss terms or gradient norms
+        whose mini-batches were skipped, and leaves advancing `state.step` to `fit`. A NaN/Inf in what a phase
+        produced raises NonFiniteError (fit skips the whole step)."""
         cfg, state, timing = self.cfg, self.state, {}
         self.dist.maybe_inject_failure(state.step)
         started = time.perf_counter()
         prompts = self._prompts()  # 1. prompts, each repeated rollout.n times (a group's rows are consecutive)
         with _timed(timing, "gen"):  # 2. rollout: old log-probs come from the sampling loop itself
-            out = self._rollout(prompts, timing)
+            out, resharding = self._rollout(prompts)
+        if resharding is not None:
+            timing["reshard"] = resharding
         mask = out.response_mask.float()
         check_finite({"old_log_probs": out.old_logprobs}, mask)
         with _timed(timing, "reward"):  # 3. rewards: the score sits on the last response token
@@ -143,34 +147,41 @@ class PPOTrainer:
         token_scores = token_level_scores(scores, out.response_lengths, mask)
         ref_logprobs, token_rewards, kl_metrics = None, token_scores, {}
         kl_coef = state.kl_ctrl.value  # this step's coefficient, in the reward or (steers_kl_loss) in the loss
-        if state.ref is not None:  # 4. reference log-probs, the KL penalty in the reward, the KL controller
+        if state.ref is not None:  # 4. reference log-probs, the KL penalty in the reward
             with _timed(timing, "ref"):
                 ref_logprobs = self._reference_logprobs(prompts.layout, out)
             token_rewards, kl_metrics = self._shape_rewards(token_scores, out.old_logprobs, ref_logprobs, mask,
                                                             kl_coef)
-        values, vpreds = self._values(prompts.layout, out, mask, timing)  # 5. values and advantages
+            self._update_kl_controller(kl_metrics, rows=len(mask))  # 4b. the controller sees the batch KL
+        with _timed(timing, "values"):  # 5. values and advantages
+            values, vpreds = self._values(prompts.layout, out, mask)
         with _timed(timing, "adv"):
             advantages, returns = compute_advantage(
                 cfg.algorithm.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, values=values,
                 group_index=prompts.group_index, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
         check_finite({"critic/values": values, "critic/advantages": advantages, "critic/returns": returns}, mask)
-        batch = PPOBatch(out.input_ids, out.attention_mask, mask, out.old_logprobs, advantages, returns, values,
-                         ref_logprobs)
-        update_metrics, nonfinite = self._update(prompts.layout, batch, vpreds, timing, kl_coef)  # 6. updates
+        batch = self._local_batch(prompts.layout, PPOBatch(out.input_ids, out.attention_mask, mask,
+                                                           out.old_logprobs, advantages, returns, values,
+                                                           ref_logprobs, vpreds))
+        update_metrics, nonfinite = {}, []  # 6. updates: the critic, then the actor once the critic warmed up
+        if state.critic is not None:
+            with _timed(timing, "update_critic"):
+                update_metrics, nonfinite = self._update_critic(batch)
+        if state.step >= cfg.trainer.critic_warmup:
+            with _timed(timing, "update_actor"):
+                actor_metrics, actor_nonfinite = self._update_actor(batch, kl_coef)
+            update_metrics, nonfinite = update_metrics | actor_metrics, nonfinite + actor_nonfinite
         timing["step"] = time.perf_counter() - started  # 7. metrics
-        state.step += 1
-        for where in nonfinite:
-            self.guard.record_nonfinite(state.step, where)
         reshard = {"perf/reshard_share": timing["reshard"] / timing["step"]} if "reshard" in timing else {}
         return {
             **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
             **kl_metrics, **update_metrics,
             **{f"timing_s/{k}": v for k, v in timing.items()},
             "perf/throughput": float(out.attention_mask.sum()) / timing["step"], **reshard,
-            "training/global_step": state.step, "training/epoch": state.sampler.epoch,
+            "training/global_step": state.step + 1, "training/epoch": state.sampler.epoch,
             "training/nonfinite_skipped": float(bool(nonfinite)),
-        }
+        }, nonfinite
 
     def _prompts(self) -> PromptBatch:
         n = self.cfg.actor_rollout_ref.rollout.n
@@ -179,14 +190,16 @@ class PPOTrainer:
         layout = RowLayout(len(rows), self.batches.actor_block, self.dist.dp_rank, self.dist.dp_size)  # this rank's
         return PromptBatch(rows, torch.arange(len(rows)) // n, prompt_ids, prompt_mask, layout)
 
-    def _rollout(self, prompts: PromptBatch, timing: dict[str, float]) -> RolloutBatch:
+    def _rollout(self, prompts: PromptBatch) -> tuple[RolloutBatch, float | None]:
         """Sampled with the KV cache from this rank's rows, gathered; on the actor's weights, gathered for it
-        (klguard.ppo.generation_weights)."""
-        with self.generation_weights(timing) as model, precision_scope(model):
+        (klguard.ppo.generation_weights). Returns the rollouts and the seconds spent gathering the weights (None
+        when there was nothing to gather)."""
+        with self.generation_weights() as (model, resharding), precision_scope(model):
             model.eval()
-            return generate_rows(model, prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
-                                 prompts.layout.index, prompts.layout.order, self.sampling,
-                                 generator=step_generator(self.cfg.trainer.seed, self.state.step, 0, self.device))
+            out = generate_rows(model, prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
+                                prompts.layout.index, prompts.layout.order, self.sampling,
+                                generator=step_generator(self.cfg.trainer.seed, self.state.step, 0, self.device))
+        return out, resharding.seconds if resharding.gathered else None
 
     def _reference_scores(self, prompts: PromptBatch) -> Tensor:
         """PAR's r_ref: the reference policy's own responses to the step's prompts, scored (their own stream of
@@ -208,64 +221,71 @@ class PPOTrainer:
 
     def _shape_rewards(self, token_scores: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor,
                        beta: float) -> tuple[Tensor, dict[str, float]]:
-        """Token rewards with the KL penalty `beta` x KL (algorithm.use_kl_in_reward), then the controller sees the
-        batch KL."""
-        alg, state = self.cfg.algorithm, self.state
+        """Token rewards with the KL penalty `beta` x KL (algorithm.use_kl_in_reward), and the batch KL's metrics."""
+        alg = self.cfg.algorithm
         shaped = shape_rewards(token_scores, old_logprobs, ref_logprobs, mask, estimator=alg.kl_penalty, beta=beta,
                                kl_in_reward=alg.use_kl_in_reward)
         check_finite({"ref_log_probs": ref_logprobs, "kl": shaped.kl}, mask)  # before the controller sees it
-        token_mean, seq_sum = shaped.kl_token_mean.item(), shaped.kl_seq_sum.item()
-        steered = alg.use_kl_in_reward or steers_kl_loss(self.cfg)  # the coefficient the controller steers
-        if steered and not self.guard.kl_guard.kl_frozen:  # the guard's warm-up holds it
-            state.kl_ctrl.update(seq_sum if alg.kl_ctrl.kl_unit == "seq_sum" else token_mean, n_steps=len(mask))
-        return shaped.token_rewards, {"actor/reward_kl_penalty": token_mean, "actor/reward_kl_penalty_coeff": beta,
-                                      "actor/kl_seq_sum": seq_sum}
+        return shaped.token_rewards, {"actor/reward_kl_penalty": shaped.kl_token_mean.item(),
+                                      "actor/reward_kl_penalty_coeff": beta,
+                                      "actor/kl_seq_sum": shaped.kl_seq_sum.item()}
 
-    def _values(self, layout: RowLayout, out: RolloutBatch, mask: Tensor, timing: dict[str, float]
-                ) -> tuple[Tensor | None, Tensor | None]:
+    def _update_kl_controller(self, kl_metrics: dict[str, float], rows: int) -> None:
+        """The KL controller steps on the batch KL (in `algorithm.kl_ctrl.kl_unit`) when it steers a coefficient (the
+        reward's, or the KL loss's) and the guard's warm-up does not hold it."""
+        alg = self.cfg.algorithm
+        steered = alg.use_kl_in_reward or steers_kl_loss(self.cfg)
+        if steered and not self.guard.kl_guard.kl_frozen:
+            kl = kl_metrics["actor/kl_seq_sum" if alg.kl_ctrl.kl_unit == "seq_sum" else "actor/reward_kl_penalty"]
+            self.state.kl_ctrl.update(kl, n_steps=rows)
+
+    def _values(self, layout: RowLayout, out: RolloutBatch, mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """The critic's values, and its forward with autograd when that is also its update's (vpreds)."""
         critic = self.state.critic
         if critic is None:
             return None, None
         in_update = critic_values_in_update(self.cfg.critic, len(layout.index), self.batches.critic)
-        with _timed(timing, "values"), torch.set_grad_enabled(in_update):
+        with torch.set_grad_enabled(in_update):
             critic.train(in_update)
             local = sequence_values(critic, layout.local(out.input_ids), layout.local(out.attention_mask),
                                     mask.shape[1], share_prompt=self.cfg.actor_rollout_ref.model.share_prompt_forward)
             values = layout.gather(local.detach()) * mask
         return values, local if in_update else None
 
-    def _update(self, layout: RowLayout, batch: PPOBatch, vpreds: Tensor | None, timing: dict[str, float],
-                kl_coef: float) -> tuple[dict[str, float], list[str]]:
-        """Critic first, the actor once the critic has warmed up, on this rank's rollouts; returns the metrics and
-        the loss terms or grad norms whose mini-batch was not applied."""
-        cfg, state = self.cfg, self.state
-        actor_cfg, share = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model.share_prompt_forward
-        if self.dist.dp_size > 1:
-            batch = batch.select(layout.index.to(batch.response_mask.device))
-        batch.vpreds = vpreds
-        metrics: dict[str, float] = {}
-        nonfinite: list[str] = []
-        gen = step_generator(cfg.trainer.seed, state.step, 1, torch.device("cpu"))
-        if state.critic is not None:
-            with _timed(timing, "update_critic"):
-                metrics |= update_critic(state.critic, state.critic_optim, batch, cfg.critic,
-                                         batches=self.batches.critic, generator=gen, nonfinite=nonfinite,
-                                         share_prompt=share)
-            state.critic_sched.step()
-        if state.step >= cfg.trainer.critic_warmup:
-            with _timed(timing, "update_actor"):
-                metrics |= update_actor(state.actor, state.actor_optim, batch, actor_cfg, batches=self.batches.actor,
-                                        temperature=cfg.actor_rollout_ref.rollout.temperature, generator=gen,
-                                        grad_clip=self.guard.actor_grad_clip, nonfinite=nonfinite,
-                                        share_prompt=share, kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
-            metrics["actor/grad_clip"] = self.guard.actor_grad_clip
-            state.actor_sched.step()
-            state.apply_lr_scale(self.guard.kl_guard.lr_scale)
-        return metrics, nonfinite
+    def _local_batch(self, layout: RowLayout, batch: PPOBatch) -> PPOBatch:
+        """This rank's rollouts of the step's batch (vpreds, when set, are this rank's already)."""
+        if self.dist.dp_size == 1:
+            return batch
+        vpreds, batch.vpreds = batch.vpreds, None
+        local = batch.select(layout.index.to(batch.response_mask.device))
+        local.vpreds = vpreds
+        return local
+
+    def _update_generator(self) -> torch.Generator:
+        """Mini-batch shuffling noise of this step, the same for the critic and the actor."""
+        return step_generator(self.cfg.trainer.seed, self.state.step, 1, torch.device("cpu"))
+
+    def _update_critic(self, batch: PPOBatch) -> tuple[dict[str, float], list[str]]:
+        state = self.state
+        out = update_critic(state.critic, state.critic_optim, batch, self.cfg.critic, batches=self.batches.critic,
+                            generator=self._update_generator(),
+                            share_prompt=self.cfg.actor_rollout_ref.model.share_prompt_forward)
+        state.critic_sched.step()
+        return out
+
+    def _update_actor(self, batch: PPOBatch, kl_coef: float) -> tuple[dict[str, float], list[str]]:
+        cfg, state, clip = self.cfg, self.state, self.guard.actor_grad_clip
+        metrics, nonfinite = update_actor(
+            state.actor, state.actor_optim, batch, cfg.actor_rollout_ref.actor, batches=self.batches.actor,
+            temperature=cfg.actor_rollout_ref.rollout.temperature, generator=self._update_generator(),
+            grad_clip=clip, share_prompt=cfg.actor_rollout_ref.model.share_prompt_forward,
+            kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
+        state.actor_sched.step()
+        state.apply_lr_scale(self.guard.kl_guard.lr_scale)
+        return metrics | {"actor/grad_clip": clip}, nonfinite
 
     def validate(self) -> dict[str, float]:
-        with self.generation_weights({}) as model:
+        with self.generation_weights() as (model, _):
             return validate_policy(model, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
 
     # ------------------------------------------------------------------ checks
@@ -302,14 +322,15 @@ class PPOTrainer:
         nonfinite_run = 0  # consecutive steps with a NaN/Inf somewhere
         while state.step < self.total_steps and self.guard.pause_reason is None:
             with self.profiler.step(state.step + 1):  # global_profiler: the step and its validation
+                step = state.step + 1
                 try:
-                    metrics = self.train_step()
+                    metrics, nonfinite = self.train_step()
                 except NonFiniteError as exc:  # rewards, log-probs, KL or values: nothing of this step is applied
-                    state.step += 1
-                    self.guard.record_nonfinite(state.step, exc.where)
-                    metrics = {"training/global_step": state.step, "training/epoch": state.sampler.epoch,
-                               "training/nonfinite_skipped": 1.0}
-                step = state.step
+                    metrics, nonfinite = {"training/global_step": step, "training/epoch": state.sampler.epoch,
+                                          "training/nonfinite_skipped": 1.0}, [exc.where]
+                state.step = step  # the one place the step advances
+                for where in nonfinite:
+                    self.guard.record_nonfinite(step, where)
                 is_last = step >= self.total_steps
                 if (tr.test_freq > 0 and step % tr.test_freq == 0) or is_last:
                     with phase("validate"):

@@ -2,7 +2,7 @@
 
 Each mini-batch is one optimizer step; micro-batches accumulate gradients with weight
 micro/mini as verl does. A mini-batch whose loss or gradient norm is not finite is skipped, never
-applied, and named in the caller's `nonfinite` list (e.g. `actor/pg_loss`, `critic/grad_norm`).
+applied, and named in the list of skipped terms each update returns (e.g. `actor/pg_loss`, `critic/grad_norm`).
 
 Under torchrun each rank holds its share of every mini-batch (klguard.distributed.layout): FSDP averages the
 gradients over ranks, every rank runs the same backwards and skips the same mini-batches, and the metrics
@@ -112,13 +112,12 @@ LossFn = Callable[[PPOBatch], tuple[Tensor, dict[str, float]]]
 
 def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: PPOBatch, loss_fn: LossFn, *,
                  epochs: int, mini_batch_size: int, micro_batch_size: int, shuffle: bool, grad_clip: float,
-                 generator: torch.Generator | None, prefix: str,
-                 nonfinite: list[str] | None = None) -> dict[str, list[float]]:
+                 generator: torch.Generator | None, prefix: str) -> tuple[dict[str, list[float]], list[str]]:
     """`epochs` x mini-batches (one optimizer step each) x micro-batches (accumulated, weight micro/mini).
-
-    A mini-batch with a non-finite loss or gradient norm is not applied; its name goes to `nonfinite`
-    and its non-finite values stay out of the metrics."""
+    Returns the metrics' values and the names of the non-finite terms whose mini-batches were not applied (their
+    non-finite values stay out of the metrics)."""
     acc: dict[str, list[float]] = defaultdict(list)
+    nonfinite: list[str] = []
     sharded = is_distributed()  # FSDP reduces gradients in backward: every rank must run every backward
     for _ in range(epochs):
         for mini_idx in minibatch_indices(len(batch), mini_batch_size, shuffle, generator):
@@ -142,30 +141,31 @@ def _run_updates(params: list[Tensor], optimizer: torch.optim.Optimizer, batch: 
                 optimizer.zero_grad(set_to_none=True)
             if bad is None:
                 acc[f"{prefix}/grad_norm"].append(grad_norm)
-            elif nonfinite is not None and bad not in nonfinite:
+            elif bad not in nonfinite:
                 nonfinite.append(bad)
             acc[f"{prefix}/skipped_steps"].append(0.0 if bad is None else 1.0)
-    return acc
+    return acc, nonfinite
 
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: ActorConfig, *,
                  batches: UpdateBatches, temperature: float, generator: torch.Generator | None = None,
-                 grad_clip: float | None = None, nonfinite: list[str] | None = None,
-                 share_prompt: bool = False, kl_loss_coef: float | None = None) -> dict[str, float]:
-    """One PPO policy update over `batch`; returns verl-named actor metrics (see _run_updates for `nonfinite`).
+                 grad_clip: float | None = None, share_prompt: bool = False,
+                 kl_loss_coef: float | None = None) -> tuple[dict[str, float], list[str]]:
+    """One PPO policy update over `batch`; returns verl-named actor metrics and the non-finite terms whose
+    mini-batches were skipped (`_run_updates`).
     `share_prompt`: a micro-batch's groups of identical prompts run their prompt once (klguard.ppo.shared_prefix).
     `kl_loss_coef`: the KL loss's coefficient when a controller steers it (None: `cfg.kl_loss_coef`)."""
     model.train()
     coef = cfg.kl_loss_coef if kl_loss_coef is None else kl_loss_coef
-    acc = _run_updates(
+    acc, nonfinite = _run_updates(
         _optimized(optimizer), optimizer, batch,
         lambda part: _actor_loss(model, part, cfg, temperature, share_prompt, coef), epochs=cfg.ppo_epochs,
         mini_batch_size=batches.mini_rows, micro_batch_size=batches.micro_rows,
         shuffle=cfg.shuffle, grad_clip=cfg.grad_clip if grad_clip is None else grad_clip, generator=generator,
-        prefix="actor", nonfinite=nonfinite)
+        prefix="actor")
     metrics = reduce_means(acc)
     metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
-    return metrics
+    return metrics, nonfinite
 
 
 def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temperature: float, share_prompt: bool,
@@ -207,19 +207,20 @@ def _critic_loss(critic: torch.nn.Module, part: PPOBatch, cfg: CriticConfig, sha
 
 def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: CriticConfig, *,
                   batches: UpdateBatches, generator: torch.Generator | None = None,
-                  nonfinite: list[str] | None = None, share_prompt: bool = False) -> dict[str, float]:
-    """One clipped value-function update over `batch`; returns verl-named critic metrics. `batch.vpreds`, when
+                  share_prompt: bool = False) -> tuple[dict[str, float], list[str]]:
+    """One clipped value-function update over `batch`; returns verl-named critic metrics and the non-finite terms
+    whose mini-batches were skipped. `batch.vpreds`, when
     set, is the critic's forward the values came from (see `critic_values_in_update`): it is not recomputed."""
     if batch.values is None:
         raise ValueError("the critic update needs rollout-time values")
     if batch.vpreds is not None and not critic_values_in_update(cfg, len(batch), batches):
         raise ValueError("batch.vpreds is only valid for one epoch of one mini-batch in one micro-batch")
     critic.train()
-    acc = _run_updates(
+    acc, nonfinite = _run_updates(
         _optimized(optimizer), optimizer, batch,
         lambda part: _critic_loss(critic, part, cfg, share_prompt), epochs=cfg.ppo_epochs,
         mini_batch_size=batches.mini_rows, micro_batch_size=batches.micro_rows, shuffle=cfg.shuffle,
-        grad_clip=cfg.grad_clip, generator=generator, prefix="critic", nonfinite=nonfinite)
+        grad_clip=cfg.grad_clip, generator=generator, prefix="critic")
     metrics = reduce_means(acc)
     metrics["critic/lr"] = optimizer.param_groups[0]["lr"]
-    return metrics
+    return metrics, nonfinite
