@@ -133,8 +133,7 @@ class PPOTrainer:
         prompts = self._prompts()  # 1. prompts, each repeated rollout.n times (a group's rows are consecutive)
         with _timed(timing, "gen"):  # 2. rollout: old log-probs come from the sampling loop itself
             out, resharding = self._rollout(prompts)
-        if resharding is not None:
-            timing["reshard"] = resharding
+        timing |= {"reshard": resharding} if resharding is not None else {}  # gathering the actor's weights
         mask = out.response_mask.float()
         check_finite({"old_log_probs": out.old_logprobs}, mask)
         with _timed(timing, "reward"):  # 3. rewards: the score sits on the last response token
@@ -153,8 +152,10 @@ class PPOTrainer:
             token_rewards, kl_metrics = self._shape_rewards(token_scores, out.old_logprobs, ref_logprobs, mask,
                                                             kl_coef)
             self._update_kl_controller(kl_metrics, rows=len(mask))  # 4b. the controller sees the batch KL
-        with _timed(timing, "values"):  # 5. values and advantages
-            values, vpreds = self._values(prompts.layout, out, mask)
+        values = vpreds = None  # 5. values (GAE's critic) and advantages
+        if state.critic is not None:
+            with _timed(timing, "values"):
+                values, vpreds = self._values(prompts.layout, out, mask)
         with _timed(timing, "adv"):
             advantages, returns = compute_advantage(
                 cfg.algorithm.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, values=values,
@@ -239,11 +240,9 @@ class PPOTrainer:
             kl = kl_metrics["actor/kl_seq_sum" if alg.kl_ctrl.kl_unit == "seq_sum" else "actor/reward_kl_penalty"]
             self.state.kl_ctrl.update(kl, n_steps=rows)
 
-    def _values(self, layout: RowLayout, out: RolloutBatch, mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    def _values(self, layout: RowLayout, out: RolloutBatch, mask: Tensor) -> tuple[Tensor, Tensor | None]:
         """The critic's values, and its forward with autograd when that is also its update's (vpreds)."""
         critic = self.state.critic
-        if critic is None:
-            return None, None
         in_update = critic_values_in_update(self.cfg.critic, len(layout.index), self.batches.critic)
         with torch.set_grad_enabled(in_update):
             critic.train(in_update)
