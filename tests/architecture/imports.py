@@ -11,7 +11,7 @@ PACKAGE = SRC / "klguard"
 
 # Layers, lowest first: a module may import its own layer and the ones below, never one above.
 LAYERS: dict[str, int] = {
-    "errors": 0,  # the error types every layer raises
+    **dict.fromkeys(("errors", "fields"), 0),  # the error types and config-field helpers every layer uses
     **dict.fromkeys(("algo", "guard", "config", "data", "model", "reward", "distributed"), 1),  # leaves
     "runtime": 2,  # infrastructure
     "ppo": 3,  # the engine

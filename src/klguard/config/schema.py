@@ -6,7 +6,7 @@ differences size the built-in demo so that `klguard train` with no arguments run
 Strings of the form `${...}` are OmegaConf interpolations, as in verl.
 
 A choice field's type is a Literal, the one list of its values; a field's own range is the `rule` next to it;
-a section's `check(key)` holds the rules over several of its fields (klguard.config.fields). Rules across
+a section's `check(key)` holds the rules over several of its fields (klguard.fields). Rules across
 sections are in klguard.config.validate. The policy-side sections live in schema_policy.py.
 """
 
@@ -17,20 +17,6 @@ from typing import Any, Literal
 
 from klguard.algo.advantage import AdvEstimator
 from klguard.algo.kl import BaseKLEstimator, KLCtrlType, KLEstimator
-from klguard.config.fields import (
-    Rule,
-    at_least,
-    choices,
-    fail,
-    greater,
-    interval,
-    non_negative,
-    one_of,
-    opt,
-    positive,
-    section,
-    whole,
-)
 from klguard.config.schema_policy import (
     BUILTIN_MODEL,
     FULL_KL_REFUSED,
@@ -49,6 +35,20 @@ from klguard.config.schema_reward import (
 )
 from klguard.data.arith import BuiltinForm
 from klguard.data.dataset import Truncation
+from klguard.fields import (
+    Rule,
+    at_least,
+    choices,
+    fail,
+    greater,
+    interval,
+    non_negative,
+    one_of,
+    opt,
+    positive,
+    section,
+    whole,
+)
 from klguard.guard.config import GuardConfig
 
 # what other modules import from here (the policy-side sections are schema_policy's)
