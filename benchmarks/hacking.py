@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prepare(cells: list[Cell], overrides: list[str]) -> None:
     """Each cell's SFT policy and learned RM, built once before the runs that share them."""
+    from klguard.builtin.task import TASK
     from klguard.config import load_config
     from klguard.ppo.setup import resolve_learned_rm, resolve_model_path
 
@@ -150,7 +151,7 @@ def _prepare(cells: list[Cell], overrides: list[str]) -> None:
     for cell in cells:
         config = load_config(None, [*overrides, *cell.overrides]).config
         prepare_builtin_policy(config, log)
-        resolve_learned_rm(config, resolve_model_path(config, log=log), log=log)
+        resolve_learned_rm(config, TASK, resolve_model_path(config, TASK, log=log), log=log)
 
 
 def _figures(run_dir: Path, label: str) -> dict:

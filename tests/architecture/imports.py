@@ -16,6 +16,7 @@ LAYERS: dict[str, int] = {
     "runtime": 2,  # infrastructure
     "ppo": 3,  # the engine
     "integrations": 4,  # the guard inside other trainers
+    "builtin": 4,  # the built-in task, handed to the engine by the commands
     "commands": 5,
     "__main__": 5,
 }
