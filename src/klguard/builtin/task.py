@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from klguard.builtin.arith import write_arith_parquet
+from klguard.builtin.learned_rm import ensure_learned_rm
+from klguard.builtin.proxy import BuiltinReward
+from klguard.builtin.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
 from klguard.config.schema import Config
-from klguard.data.arith import write_arith_parquet
-from klguard.ppo.learned_rm import ensure_learned_rm
-from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
-from klguard.reward.proxy import BuiltinReward
 
 
 class ArithTask:

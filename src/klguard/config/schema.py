@@ -33,7 +33,6 @@ from klguard.config.schema_reward import (
     ProxyRewardConfig,
     RewardModelConfig,
 )
-from klguard.data.arith import BuiltinForm
 from klguard.data.dataset import Truncation
 from klguard.fields import (
     Rule,
@@ -62,6 +61,7 @@ ResumeMode = Literal["auto", "disable", "resume_path"]
 Device = Literal["cpu", "cuda", "auto"]
 ProfilerTool = Literal["torch"]
 CalibrateController = Literal["adaptive", "pid"]  # the controllers a target_kl steers, of KLCtrlType
+BuiltinForm = Literal["a+b-c", "mixed", "two"]  # the built-in task's problem families (klguard.builtin.arith.FORMS)
 _SIZE = at_least(1)
 _EVERY = Rule(lambda v: v == -1 or v >= 1, "must be >= 1 or -1")
 

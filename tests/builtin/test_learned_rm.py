@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from klguard.builtin.learned_rm import ensure_learned_rm, learned_rm_dir
+from klguard.builtin.proxy import reference_response
 from klguard.builtin.task import TASK
 from klguard.commands.cli import main
 from klguard.config import load_config
-from klguard.ppo.learned_rm import ensure_learned_rm, learned_rm_dir
 from klguard.reward.ensemble import member_folders
 from klguard.reward.manager import RewardManager
-from klguard.reward.proxy import reference_response
 
 TINY = ["proxy_reward.kind=learned_rm", "proxy_reward.learned_rm.samples=48", "proxy_reward.learned_rm.epochs=1",
         "proxy_reward.learned_rm.batch_size=16", "proxy_reward.learned_rm.hidden_size=16",
