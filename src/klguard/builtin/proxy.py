@@ -120,10 +120,10 @@ def hacking_flags(
 class BuiltinReward:
     """The engine's TaskReward (klguard.reward.manager) for the built-in task: the proxy weighted as configured."""
 
-    format_weight: float = 0.5
-    correct_weight: float = 0.5
-    length_weight: float = 1.0
-    length_cap: int = 32
+    format_weight: float
+    correct_weight: float
+    length_weight: float
+    length_cap: int
 
     @classmethod
     def of(cls, cfg: ProxyRewardConfig) -> BuiltinReward:
