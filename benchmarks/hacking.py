@@ -5,7 +5,7 @@
 
 The matrix: exploits {length, learned_rm} (proxy_reward.kind) x SFT policies {0, 1, 2} (sft.seed; 1 and 2 are
 trained and cached on first use) x PPO seeds {1, 2} x the contenders in MATRIX. Each contender is a config override
-set (klguard/commands/recipes.py); every run is an ordinary `klguard train` in
+set (klguard/builtin/recipes.py); every run is an ordinary `klguard train` in
 benchmarks/results/hacking/<exploit>/sft<k>/<contender>_s<seed>/ (`klguard report` reads it).
 Writes benchmarks/results/hacking.json: every run's figures, means per cell and contender, and the issue's targets
 per cell (the guarded default against the oracle fixed beta and verl's default); prints one table per cell.
@@ -24,8 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from klguard.commands.demo import fresh_run_dir, prepare_builtin_policy
-from klguard.commands.recipes import GUARDED_DEFAULT, SEED_RECIPE, VERL_DEFAULT, fixed_coef
+from klguard.builtin.recipes import GUARDED_DEFAULT, SEED_RECIPE, VERL_DEFAULT, fixed_coef
+from klguard.builtin.warm_start import prepare_builtin_policy
+from klguard.commands.demo import fresh_run_dir
 from klguard.commands.report import load_run
 from klguard.commands.report.summary import summary_value
 from klguard.commands.sweep import Job, default_parallel, run_jobs
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prepare(cells: list[Cell], overrides: list[str]) -> None:
     """Each cell's SFT policy and learned RM, built once before the runs that share them."""
+    from klguard.builtin.task import TASK
     from klguard.config import load_config
     from klguard.ppo.setup import resolve_learned_rm, resolve_model_path
 
@@ -150,7 +152,7 @@ def _prepare(cells: list[Cell], overrides: list[str]) -> None:
     for cell in cells:
         config = load_config(None, [*overrides, *cell.overrides]).config
         prepare_builtin_policy(config, log)
-        resolve_learned_rm(config, resolve_model_path(config, log=log), log=log)
+        resolve_learned_rm(config, TASK, resolve_model_path(config, TASK, log=log), log=log)
 
 
 def _figures(run_dir: Path, label: str) -> dict:

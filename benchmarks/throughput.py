@@ -139,9 +139,9 @@ def build_assets(work: Path) -> dict:
     """Policy and reward-model folders for each workload, and the arithmetic task's parquet files."""
     from transformers import LlamaForSequenceClassification
 
-    from klguard.data.arith import write_arith_parquet
-    from klguard.model.char_tokenizer import build_char_tokenizer
-    from klguard.model.tiny import build_tiny_llama, save_hf_folder, tiny_llama_config
+    from klguard.builtin.arith import write_arith_parquet
+    from klguard.builtin.char_tokenizer import build_char_tokenizer
+    from klguard.builtin.tiny import build_tiny_llama, save_hf_folder, tiny_llama_config
 
     transformers.utils.logging.disable_progress_bar()
     tokenizer = build_char_tokenizer()

@@ -19,6 +19,7 @@ import time
 import torch
 from throughput_common import Gate, read_spec
 
+from klguard.builtin.task import TASK
 from klguard.config import load_config
 from klguard.guard import KLGuard
 from klguard.ppo.trainer import PPOTrainer
@@ -67,7 +68,7 @@ def main() -> None:
     torch.set_num_threads(spec["threads"])
     gate = Gate()
     config = load_config(overrides=overrides(spec)).config
-    trainer = PPOTrainer(config, log=lambda msg: None)
+    trainer = PPOTrainer(config, task=TASK, log=lambda msg: None)
     shadow = KLGuard(dataclasses.replace(config.guard, enable=True), total_steps=trainer.total_steps,
                      target_kl=config.algorithm.kl_ctrl.target_kl, kl_coef=config.algorithm.kl_ctrl.kl_coef)
 

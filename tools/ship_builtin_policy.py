@@ -3,7 +3,7 @@
 Without --from it runs `klguard sft` (the default recipe) into a scratch cache with one thread and
 CPU-independent kernels (MKL_CBWR=COMPATIBLE, ATEN_CPU_CAPABILITY=default), the settings the golden runs
 use, so a machine with the same torch can retrain the same bytes. --from takes a finished `klguard sft`
-folder instead (it must come from the default recipe). The files go to src/klguard/resources/builtin_policy/
+folder instead (it must come from the default recipe). The files go to src/klguard/builtin/policy/
 with manifest.json: the recipe, each file's SHA-256 and how it was built. Commit the result.
 """
 
@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import transformers
 
+from klguard.builtin.shipped import MANIFEST, file_digests
+from klguard.builtin.warm_start import sft_cache_dir, sft_recipe
 from klguard.config import load_config
-from klguard.model.shipped import MANIFEST, file_digests
-from klguard.ppo.warm_start import sft_cache_dir, sft_recipe
 
-DEST = Path(__file__).resolve().parents[1] / "src" / "klguard" / "resources" / "builtin_policy"
+DEST = Path(__file__).resolve().parents[1] / "src" / "klguard" / "builtin" / "policy"
 BUILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default",
              "ONEDNN_MAX_CPU_ISA": "SSE41"}
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",

@@ -21,8 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from klguard.integrations.trl import KLGuardCallback
-from klguard.integrations.trl.builtin_task import (
+from klguard.builtin.trl import (
     builtin_policy,
     builtin_prompts,
     evaluate_sampled,
@@ -30,6 +29,7 @@ from klguard.integrations.trl.builtin_task import (
     hacking,
     proxy,
 )
+from klguard.integrations.trl import KLGuardCallback
 
 
 def make_trainer(out: Path, *, seed: int, steps: int) -> GRPOTrainer:

@@ -9,16 +9,21 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "klguard"
 
-# Layers, lowest first: a module may import its own layer and the ones below, never one above.
+# Layers, lowest first: an import from another package points to a lower layer, never to its own or one above, so
+# packages that share a layer stand beside each other and import nothing of one another.
 LAYERS: dict[str, int] = {
     "errors": 0,  # the error types every layer raises
-    **dict.fromkeys(("algo", "guard", "config", "data", "model", "reward", "distributed"), 1),  # leaves
-    "runtime": 2,  # infrastructure
-    "ppo": 3,  # the engine
-    "integrations": 4,  # the guard inside other trainers
-    "commands": 5,
-    "__main__": 5,
+    "fields": 1,  # the config sections' building blocks
+    **dict.fromkeys(("algo", "data", "distributed", "guard"), 2),  # leaves: tensor math, parquet, ranks, the guard
+    "config": 3,  # the typed schema, which embeds the leaves' choices and the guard's section
+    **dict.fromkeys(("model", "runtime"), 4),  # models and infrastructure, as configured
+    "reward": 5,  # rule rewards, reward models (loaded as models), the reward manager
+    "ppo": 6,  # the engine
+    **dict.fromkeys(("builtin", "integrations"), 7),  # the built-in task; the guard inside other trainers
+    "commands": 8,  # the command line, which hands the built-in task to the engine
+    "__main__": 9,
 }
+ROOT = "klguard"  # the package root: its face may re-export anything, so it has no layer
 
 
 def module_name(path: Path) -> str:
@@ -67,10 +72,36 @@ def import_graph() -> dict[str, set[str]]:
     return {name: imports_of(path, modules) for name, path in modules.items()}
 
 
-def layer_of(module: str) -> int | None:
-    """The layer of a klguard module; None for the package root itself (its face may re-export anything)."""
+def package_of(module: str) -> str:
+    """The top-level part of klguard that `module` belongs to (`klguard.ppo.setup` -> `ppo`); ROOT for the root."""
     parts = module.split(".")
-    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+    return parts[1] if len(parts) > 1 else ROOT
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a klguard module; None for the package root itself."""
+    return LAYERS.get(package_of(module)) if package_of(module) != ROOT else None
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between top-level packages (and root modules), without a package's imports of itself."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        mine = package_of(module)
+        packages.setdefault(mine, set()).update(package_of(t) for t in targets if package_of(t) != mine)
+    return packages
+
+
+def reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
+    """Every module that the modules in `start` import, directly or through others."""
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

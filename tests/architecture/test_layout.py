@@ -1,11 +1,12 @@
-"""The layout keeps its shape: imports point down the layers (commands -> engine -> infrastructure -> leaves),
-no import circle, small files and functions, a small package root."""
+"""The layout keeps its shape: imports between packages point down the layers (commands -> built-in task ->
+engine -> rewards -> models and infrastructure -> config -> leaves), the engine never reaches the built-in task, no
+import circle between modules or between packages, small files and functions, a small package root."""
 
 from __future__ import annotations
 
 import ast
 
-from imports import PACKAGE, cycles, import_graph, layer_of
+from imports import PACKAGE, cycles, import_graph, layer_of, package_graph, package_of, reachable
 
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
@@ -18,15 +19,29 @@ def test_every_package_has_a_layer():
     assert not unplaced, f"modules outside every layer (add them to imports.LAYERS): {unplaced}"
 
 
-def test_imports_never_point_up_a_layer():
-    upward = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
-                    if layer_of(m) is not None and layer_of(t) is not None and layer_of(t) > layer_of(m))
-    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+def test_imports_between_packages_point_down_a_layer():
+    against = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
+                     if package_of(m) != package_of(t) and layer_of(m) is not None and layer_of(t) is not None
+                     and layer_of(t) >= layer_of(m))
+    assert not against, "imports against the layers (or between packages of one layer):\n" + "\n".join(against)
 
 
-def test_no_import_circle():
+def test_the_engine_never_reaches_the_builtin_task():
+    """ppo/ gets the built-in task passed in (klguard.ppo.task); no chain of imports from it leads into builtin/."""
+    graph = import_graph()
+    engine = {m for m in graph if package_of(m) == "ppo"}
+    found = sorted(m for m in reachable(graph, engine) if package_of(m) == "builtin")
+    assert not found, f"the engine imports the built-in task: {found}"
+
+
+def test_no_import_circle_between_modules():
     found = cycles(import_graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_circle_between_packages():
+    found = cycles(package_graph(import_graph()))
+    assert not found, "package circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_files_and_functions_stay_small():

@@ -14,9 +14,9 @@ from klguard.algo.advantage import ADV_ESTIMATORS, GROUP_ESTIMATORS, AdvEstimato
 from klguard.algo.kl import KL_CONTROLLERS, KL_ESTIMATORS, BaseKLEstimator, KLCtrlType
 from klguard.algo.loss import LOSS_AGG_MODES, LossAggMode
 from klguard.config import Config, ConfigError, load_config
-from klguard.config.fields import check_tree, choice_fields, choices
-from klguard.config.schema import PROFILER_CONTENTS, CalibrateController, ProfilerContent
+from klguard.config.schema import PROFILER_CONTENTS, BuiltinForm, CalibrateController, ProfilerContent
 from klguard.config.validate import validate
+from klguard.fields import check_tree, choice_fields, choices
 from klguard.guard.config import HACKING_ACTIONS, HackingAction
 
 CHOICE_FIELDS = {path: (f, allowed) for path, f, allowed in choice_fields(Config)}
@@ -39,8 +39,8 @@ def test_every_base_estimator_has_its_plus_form_and_full_is_gone() -> None:
 
 
 def test_choice_lists_elsewhere_agree_with_the_schema() -> None:
-    """Modules outside config/ that keep their own copy (data, profiling) hold the same values."""
-    from klguard.data.arith import FORMS, BuiltinForm
+    """Modules outside config/ that keep their own copy (data, the built-in task, profiling) hold the same values."""
+    from klguard.builtin.arith import FORMS
     from klguard.data.dataset import TRUNCATIONS, Truncation
     from klguard.runtime.profiling import CONTENTS
 
@@ -136,8 +136,8 @@ def test_sections_check_in_check_not_post_init() -> None:
 
 
 def test_fields_is_a_leaf() -> None:
-    """klguard.guard imports it: it must pull in neither the schema (a cycle) nor torch."""
-    code = ("import sys, klguard.config.fields; bad = [m for m in ('torch', 'klguard.config.schema', "
+    """klguard.guard imports it: it must pull in neither the config package (a cycle) nor torch."""
+    code = ("import sys, klguard.fields; bad = [m for m in ('torch', 'klguard.config', 'klguard.config.schema', "
             "'klguard.config.loader') if m in sys.modules]; print(bad)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr

@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from klguard.data.arith import write_arith_parquet
+from klguard.builtin.arith import write_arith_parquet
+from klguard.builtin.char_tokenizer import build_char_tokenizer
 from klguard.data.dataset import DatasetError, RLRow, collate_left_pad, load_rl_dataset
 from klguard.errors import UserError
-from klguard.model.char_tokenizer import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.tiny import build_tiny_llama
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.tiny import build_tiny_llama
 from tolerances import forward_terms, metric_tol
 
 TRAIN = [sys.executable, "-m", "klguard", "train"]

@@ -124,9 +124,9 @@ def test_bad_parallel_sizes_are_one_line_errors(overrides, world, message, monke
 
 
 def test_a_model_tp_cannot_split_is_refused_before_any_rendezvous(monkeypatch, capsys, tmp_path):
+    from klguard.builtin.char_tokenizer import build_char_tokenizer
+    from klguard.builtin.tiny import build_tiny_llama, save_hf_folder
     from klguard.commands.cli import main
-    from klguard.model.char_tokenizer import build_char_tokenizer
-    from klguard.model.tiny import build_tiny_llama, save_hf_folder
 
     tok = build_char_tokenizer()
     folder = save_hf_folder(build_tiny_llama(tok, intermediate_size=255), tok, tmp_path / "odd-mlp")

@@ -9,11 +9,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, distribute_tensor
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.tiny import build_tiny_llama
 from klguard.distributed.grad_clip import clip_grad_norm
 from klguard.distributed.tensor_parallel import check_tensor_parallel
 from klguard.errors import ConfigError
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.tiny import build_tiny_llama
 from tolerances import float32_tol
 
 KEY = "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.tensor_parallel_size"

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from klguard.builtin.arith import make_arith_rows
 from klguard.commands.cli import main
-from klguard.data.arith import make_arith_rows
 
 
 def _write(path, rows):

@@ -7,6 +7,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
+from klguard.builtin.task import TASK
 from klguard.config import load_config
 from klguard.ppo.trainer import PPOTrainer
 
@@ -23,7 +24,7 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
     cfg = load_config(None, [*fast_overrides, *quiet, "guard.enable=true", "trainer.save_freq=1",
                              "trainer.test_freq=-1", "trainer.val_before_train=false",
                              "trainer.total_training_steps=7"]).config
-    trainer = PPOTrainer(cfg, log=lambda msg: None)
+    trainer = PPOTrainer(cfg, task=TASK, log=lambda msg: None)
     normal_lr = cfg.actor_rollout_ref.actor.optim.lr
 
     def set_lr(lr: float) -> None:
@@ -69,7 +70,8 @@ def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp
     for name, tensor in saved.items():
         assert torch.equal(ref_saved[name], tensor), name
     resumed = PPOTrainer(load_config(None, [*fast_overrides, *quiet, "guard.enable=true",
-                                            "trainer.total_training_steps=7"]).config, log=lambda msg: None)
+                                            "trainer.total_training_steps=7"]).config, task=TASK,
+                         log=lambda msg: None)
     assert resumed.guard.kl_guard.reference_step == 2
     for name, tensor in resumed.state.ref.state_dict().items():
         assert torch.equal(tensor, ref_saved[name]), name

@@ -49,8 +49,8 @@ def test_validate_names_the_bad_field(field: str, value: object) -> None:
 
 def test_checks_name_the_field_under_the_given_key() -> None:
     """Mounted elsewhere, the guard's config names its fields under that key (klguard's schema uses guard.*)."""
-    from klguard.config.fields import check_tree
     from klguard.errors import ConfigError
+    from klguard.fields import check_tree
 
     with pytest.raises(ConfigError, match=r"^watch.patience=0 must be >= 1$"):
         check_tree(GuardConfig(patience=0), "watch")

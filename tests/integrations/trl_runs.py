@@ -15,8 +15,8 @@ else:
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
+from klguard.builtin.trl import builtin_policy, builtin_prompts, gold, hacking, proxy
 from klguard.integrations.trl import KLGuardCallback
-from klguard.integrations.trl.builtin_task import builtin_policy, builtin_prompts, gold, hacking, proxy
 
 
 def grpo_trainer(out: Path, *, steps: int, seed: int = 1, **config) -> GRPOTrainer:

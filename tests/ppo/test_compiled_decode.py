@@ -10,8 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import klguard.ppo.compiled_decode as cd
 import klguard.ppo.rollout as ro
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.tiny import build_tiny_llama
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.tiny import build_tiny_llama
 from tolerances import float32_tol, forward_terms
 
 PAD, EOS_SET = 0, [2, 5, 9, 14]

@@ -7,8 +7,8 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import klguard.ppo.rollout as ro
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.tiny import build_tiny_llama
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.tiny import build_tiny_llama
 from klguard.ppo.forward import prompt_runs, run_rows
 from tolerances import float32_tol, forward_terms
 

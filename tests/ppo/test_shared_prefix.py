@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM, LlamaForTokenClassification
 
-from klguard.model.char_tokenizer import build_char_tokenizer
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.tiny import build_tiny_llama, tiny_llama_config
 from klguard.model.loading import enable_checkpointing
-from klguard.model.tiny import build_tiny_llama, tiny_llama_config
 from klguard.ppo.forward import compute_logprobs, critic_values
 from klguard.ppo.shared_prefix import (
     prompt_groups,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.tiny import build_tiny_llama
 from klguard.config.batches import UpdateBatches
 from klguard.config.schema import ActorConfig, CriticConfig
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.tiny import build_tiny_llama
 from klguard.ppo import shared_prefix
 from klguard.ppo.forward import critic_values
 from klguard.ppo.shared_prefix import sequence_logprobs

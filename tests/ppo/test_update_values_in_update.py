@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import LlamaForTokenClassification
 
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.tiny import tiny_llama_config
 from klguard.config.batches import UpdateBatches
 from klguard.config.schema import CriticConfig
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.tiny import tiny_llama_config
 from klguard.ppo.forward import critic_values
 from klguard.ppo.update import PPOBatch, critic_values_in_update, update_critic
 from tolerances import EPS32, forward_terms, step_tol

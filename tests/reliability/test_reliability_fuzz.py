@@ -14,16 +14,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from klguard.builtin.arith import make_arith_rows
+from klguard.builtin.warm_start import ensure_builtin_tokenizer
 from klguard.commands.cli import main
 from klguard.config import Config
 from klguard.config.loader import _schema_keys, schema_fields
 from klguard.config.schema import SFTConfig
 from klguard.config.verl_keys import verl_keys
-from klguard.data.arith import make_arith_rows
 from klguard.data.dataset import load_rl_dataset
 from klguard.errors import UserError
 from klguard.model.loading import load_tokenizer
-from klguard.ppo.warm_start import ensure_builtin_tokenizer
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -120,13 +120,13 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 0
-    from klguard.model.shipped import shipped_policy
-    from klguard.ppo.warm_start import ensure_sft_policy, sft_recipe
+    from klguard.builtin.shipped import shipped_policy
+    from klguard.builtin.warm_start import ensure_sft_policy, sft_recipe
 
     path = ensure_sft_policy(config.sft, form=config.data.builtin_form, force=True)
     print(f"SFT policy written to {path}")
     if config.proxy_reward.kind == "learned_rm":
-        from klguard.ppo.learned_rm import ensure_learned_rm
+        from klguard.builtin.learned_rm import ensure_learned_rm
 
         rm = ensure_learned_rm(config.proxy_reward.learned_rm, config.sft, path, form=config.data.builtin_form,
                                max_new_tokens=config.data.max_response_length, force=True)

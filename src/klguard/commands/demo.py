@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from klguard.commands.recipes import GUARDED_DEFAULT, VERL_DEFAULT
+from klguard.builtin.recipes import GUARDED_DEFAULT, VERL_DEFAULT
+from klguard.builtin.warm_start import prepare_builtin_policy
 from klguard.commands.report import load_run, write_run_report
 from klguard.commands.report.summary import text_table
 from klguard.commands.sweep import Job, default_parallel, run_jobs
@@ -21,15 +22,6 @@ DEMO_RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("klguard default", "klguard_default", GUARDED_DEFAULT),
     ("verl default KL", "verl_default", VERL_DEFAULT),
 )
-
-
-def prepare_builtin_policy(config, log) -> None:
-    """Build (or find cached) the built-in tokenizer and SFT policy once, before child runs would race to."""
-    if config.actor_rollout_ref.model.path.startswith("builtin://"):
-        from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
-
-        ensure_builtin_tokenizer(config.sft)
-        ensure_sft_policy(config.sft, form=config.data.builtin_form, log=log)
 
 
 def fresh_run_dir(path: Path) -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from klguard.builtin.task import TASK
 from klguard.commands.export import find_policy, load_policy_for_export
 from klguard.config import Config
 from klguard.distributed.context import resolve_device
 from klguard.model.loading import apply_precision, load_policy, load_tokenizer
 from klguard.ppo.scoring import validate_policy
-from klguard.ppo.setup import build_datasets, resolve_learned_rm
-from klguard.reward.manager import RewardManager
+from klguard.ppo.setup import build_datasets, build_rewards, resolve_learned_rm
 from klguard.runtime.seeding import seed_everything
 
 
@@ -24,12 +24,12 @@ def evaluate_checkpoint(config: Config, checkpoint: str | Path) -> dict[str, flo
     device = resolve_device(config.trainer.device)
     tokenizer = load_tokenizer(source.meta, config)
     with tempfile.TemporaryDirectory(prefix="klguard-eval-") as scratch:  # the built-in task's parquet
-        _, val_data = build_datasets(config, tokenizer, Path(scratch))
+        _, val_data = build_datasets(config, tokenizer, Path(scratch), TASK)
     if source.layout == "dcp":  # a sharded checkpoint: its shards merged on this one process
         model = load_policy_for_export(source).to(device).eval().requires_grad_(False)
         model = apply_precision(model, config.actor_rollout_ref.actor.fsdp_config.dtype, device)
     else:
         model = load_policy(source.weights, config, trainable=False, device=device)
-    learned_rm = resolve_learned_rm(config)  # the run's proxy, fit to its SFT policy
-    rewards = RewardManager(config, tokenizer, learned_rm=learned_rm)
+    learned_rm = resolve_learned_rm(config, TASK)  # the run's proxy, fit to its SFT policy
+    rewards = build_rewards(config, tokenizer, TASK, learned_rm)
     return validate_policy(model, tokenizer, rewards, val_data, config, device)

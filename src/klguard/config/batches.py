@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from klguard.config.fields import fail
 from klguard.config.roles import run_tp
 from klguard.config.schema import Config
+from klguard.fields import fail
 
 UPDATE_ROLES = ("actor_rollout_ref.actor", "critic")
 """The config sections that run PPO updates, by key prefix."""

@@ -18,12 +18,12 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from klguard.config.fields import choice_fields, refusal
 from klguard.config.schema import Config
 from klguard.config.structured import build, omegaconf_schema
 from klguard.config.validate import validate
 from klguard.config.verl_keys import canonical, verl_keys
 from klguard.errors import ConfigError
+from klguard.fields import choice_fields, refusal
 
 # Hydra's list of config groups at the top of verl's YAML files: meaningless here.
 _HYDRA_KEYS = ("defaults", "hydra")

@@ -8,9 +8,9 @@ each of them with tp = 1; any other size is refused.
 
 from __future__ import annotations
 
-from klguard.config.fields import fail
 from klguard.config.schema import Config
 from klguard.config.schema_policy import ACTOR_TP_KEY
+from klguard.fields import fail
 
 ROLES = ("actor", "ref", "critic")
 _TP_SUFFIX = ".turbo_config.distributed.tensor_parallel_size"

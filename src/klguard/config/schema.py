@@ -6,7 +6,7 @@ differences size the built-in demo so that `klguard train` with no arguments run
 Strings of the form `${...}` are OmegaConf interpolations, as in verl.
 
 A choice field's type is a Literal, the one list of its values; a field's own range is the `rule` next to it;
-a section's `check(key)` holds the rules over several of its fields (klguard.config.fields). Rules across
+a section's `check(key)` holds the rules over several of its fields (klguard.fields). Rules across
 sections are in klguard.config.validate. The policy-side sections live in schema_policy.py.
 """
 
@@ -17,20 +17,6 @@ from typing import Any, Literal
 
 from klguard.algo.advantage import AdvEstimator
 from klguard.algo.kl import BaseKLEstimator, KLCtrlType, KLEstimator
-from klguard.config.fields import (
-    Rule,
-    at_least,
-    choices,
-    fail,
-    greater,
-    interval,
-    non_negative,
-    one_of,
-    opt,
-    positive,
-    section,
-    whole,
-)
 from klguard.config.schema_policy import (
     BUILTIN_MODEL,
     FULL_KL_REFUSED,
@@ -47,8 +33,21 @@ from klguard.config.schema_reward import (
     ProxyRewardConfig,
     RewardModelConfig,
 )
-from klguard.data.arith import BuiltinForm
 from klguard.data.dataset import Truncation
+from klguard.fields import (
+    Rule,
+    at_least,
+    choices,
+    fail,
+    greater,
+    interval,
+    non_negative,
+    one_of,
+    opt,
+    positive,
+    section,
+    whole,
+)
 from klguard.guard.config import GuardConfig
 
 # what other modules import from here (the policy-side sections are schema_policy's)
@@ -62,6 +61,7 @@ ResumeMode = Literal["auto", "disable", "resume_path"]
 Device = Literal["cpu", "cuda", "auto"]
 ProfilerTool = Literal["torch"]
 CalibrateController = Literal["adaptive", "pid"]  # the controllers a target_kl steers, of KLCtrlType
+BuiltinForm = Literal["a+b-c", "mixed", "two"]  # the built-in task's problem families (klguard.builtin.arith.FORMS)
 _SIZE = at_least(1)
 _EVERY = Rule(lambda v: v == -1 or v >= 1, "must be >= 1 or -1")
 

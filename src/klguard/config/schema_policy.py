@@ -1,6 +1,6 @@
 """The schema's policy-side sections: `actor_rollout_ref.*` (model, actor, rollout, reference) and `critic.*`.
 
-Conventions: see klguard.config.fields; klguard.config.schema assembles the whole tree and re-exports these.
+Conventions: see klguard.fields; klguard.config.schema assembles the whole tree and re-exports these.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Literal, get_args
 from klguard.algo.kl import KLEstimator
 from klguard.algo.loss import LossAggMode
 from klguard.algo.policy_loss import policy_loss_names
-from klguard.config.fields import (
+from klguard.fields import (
     Rule,
     at_least,
     choices,

@@ -1,7 +1,7 @@
 """The schema's reward sections: `reward_model.*`, `custom_reward_function.*` and klguard's `proxy_reward.*`
 (the built-in task's hackable proxies: the length formula, or a learned reward model).
 
-Conventions: see klguard.config.fields; klguard.config.schema assembles the whole tree and re-exports these.
+Conventions: see klguard.fields; klguard.config.schema assembles the whole tree and re-exports these.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from klguard.config.fields import at_least, choices, fail, finite, greater, non_negative, opt, section
 from klguard.errors import ConfigError
+from klguard.fields import at_least, choices, fail, finite, greater, non_negative, opt, section
 
 EnsembleReduce = Literal["mean", "min", "uwo"]
 Shaping = Literal["none", "par"]

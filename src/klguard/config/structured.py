@@ -2,7 +2,7 @@
 
 OmegaConf validates `typing.Literal` fields only from 2.4, and verl pins hydra-core 1.3 (omegaconf < 2.4). So that
 klguard loads its config in a verl environment too, OmegaConf merges a copy of the schema in which each choice field
-is typed `str`; the Literal stays the one list of values, checked by `klguard.config.fields.check_tree` with the
+is typed `str`; the Literal stays the one list of values, checked by `klguard.fields.check_tree` with the
 same one-line message. Everything else (types, defaults, `${...}` interpolations) is OmegaConf's as before.
 """
 
@@ -12,7 +12,7 @@ import dataclasses
 from functools import cache
 from typing import Any
 
-from klguard.config.fields import choice_values, type_hints
+from klguard.fields import choice_values, type_hints
 
 
 @cache

@@ -1,7 +1,7 @@
 """Checks run before any model loads. Each failure is a ConfigError naming the key.
 
 Every section checks its own fields (choices, rules and `check` methods in the schema, run by
-klguard.config.fields.check_tree); what involves several sections is here, and `validate_world` adds the
+klguard.fields.check_tree); what involves several sections is here, and `validate_world` adds the
 checks that need the number of ranks.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from klguard.algo.advantage import GROUP_ESTIMATORS
 from klguard.config.batches import resolve_batches
-from klguard.config.fields import check_tree, fail
 from klguard.config.roles import ROLES, SHARDING_KEYS, check_parallel, run_tp
 from klguard.config.roles import sharding as role_sharding
 from klguard.config.schema import Config
 from klguard.config.schema_policy import ACTOR_TP_KEY
+from klguard.fields import check_tree, fail
 
 
 def validate(cfg: Config) -> None:

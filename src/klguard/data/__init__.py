@@ -1,1 +1,1 @@
-"""Data for RL training: the built-in arithmetic task and the verl-format parquet loader."""
+"""Data for RL training: the verl-format parquet loader and the prompt sampler."""

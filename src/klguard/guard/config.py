@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
-from klguard.config.fields import at_least, check_tree, choices, fail, greater, interval, opt
 from klguard.errors import ConfigError
+from klguard.fields import at_least, check_tree, choices, fail, greater, interval, opt
 from klguard.guard.state import HACK_SIGNALS
 
 HackingAction = Literal["raise_kl_coef", "rollback", "none"]

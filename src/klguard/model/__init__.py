@@ -1,1 +1,1 @@
-"""Model helpers for the built-in demo: a character tokenizer and a tiny Llama."""
+"""Hugging Face models: loading and checking folders, precision, and the forward arguments of each model type."""

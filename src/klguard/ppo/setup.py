@@ -1,4 +1,6 @@
-"""Building blocks of a run: model paths, datasets, models (sharded under torchrun), optimizers and schedules."""
+"""Building blocks of a run: model paths, datasets, models (sharded under torchrun), optimizers and schedules.
+
+Where the config names the built-in task, its parts come from the `task` argument (klguard.ppo.task)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from klguard.config.roles import (
 )
 from klguard.config.roles import sharding as role_sharding
 from klguard.config.schema import BUILTIN_MODEL, Config, OptimConfig
-from klguard.data.arith import write_arith_parquet
 from klguard.data.dataset import load_rl_dataset
 from klguard.data.sampler import PromptSampler
 from klguard.distributed.context import DistContext
@@ -30,40 +31,39 @@ from klguard.distributed.tensor_parallel import check_tensor_parallel
 from klguard.model.loading import check_model_folder, compute_dtype, hf_config, load_critic, load_policy
 from klguard.ppo.checkpointing import REFERENCE_DIR
 from klguard.ppo.generation_weights import GenerationWeights
-from klguard.ppo.learned_rm import ensure_learned_rm
 from klguard.ppo.state import TrainState
-from klguard.ppo.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
-from klguard.reward.manager import proxy_enabled
+from klguard.ppo.task import BuiltinTask, require_task
+from klguard.reward.manager import RewardManager, proxy_enabled
 
 
-def resolve_model_path(cfg: Config, *, log=print) -> Path:
-    """The policy folder: the cached built-in SFT policy, or a checked local folder."""
+def resolve_model_path(cfg: Config, task: BuiltinTask | None, *, log=print) -> Path:
+    """The policy folder: the built-in task's SFT policy, or a checked local folder."""
     path = cfg.actor_rollout_ref.model.path
     if path == BUILTIN_MODEL:
-        return ensure_sft_policy(cfg.sft, form=cfg.data.builtin_form, log=log)
+        return require_task(task, f"actor_rollout_ref.model.path={path}").policy_path(cfg, log=log)
     return check_model_folder(path, "actor_rollout_ref.model.path")
 
 
-def resolve_tokenizer_path(cfg: Config) -> Path:
+def resolve_tokenizer_path(cfg: Config, task: BuiltinTask | None) -> Path:
     """The tokenizer folder; for the built-in policy a saved copy that needs no SFT run first."""
     model_cfg = cfg.actor_rollout_ref.model
     if model_cfg.tokenizer_path:
         return check_model_folder(model_cfg.tokenizer_path, "actor_rollout_ref.model.tokenizer_path", tokenizer=True)
     if model_cfg.path == BUILTIN_MODEL:
-        return ensure_builtin_tokenizer(cfg.sft)
+        return require_task(task, f"actor_rollout_ref.model.path={model_cfg.path}").tokenizer_path(cfg)
     return check_model_folder(model_cfg.path, "actor_rollout_ref.model.path")
 
 
-def build_datasets(config: Config, tokenizer, run_dir: Path, *, write_builtin: bool = True):
+def build_datasets(config: Config, tokenizer, run_dir: Path, task: BuiltinTask | None, *,
+                   write_builtin: bool = True):
     """Train and validation datasets; `write_builtin=False` reads the built-in task's files another rank wrote."""
     data = config.data
     train_files, val_files = data.train_files, data.val_files
     if train_files is None and not write_builtin:
         train_files, val_files = str(run_dir / "data" / "train.parquet"), str(run_dir / "data" / "val.parquet")
-    elif train_files is None:  # the built-in arithmetic task, written as verl-format parquet
-        train_files, val_files = (str(p) for p in write_arith_parquet(
-            run_dir / "data", data.builtin_train_size, data.builtin_val_size, config.trainer.seed,
-            form=data.builtin_form))
+    elif train_files is None:  # the built-in task, written as verl-format parquet
+        task = require_task(task, "data.train_files=null")
+        train_files, val_files = (str(p) for p in task.write_data(config, run_dir / "data"))
     kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                   filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                   apply_chat_template_kwargs=data.apply_chat_template_kwargs)
@@ -126,14 +126,21 @@ def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: P
     return actor, ref, critic
 
 
-def resolve_learned_rm(cfg: Config, policy_path: Path | None = None, *, log=print) -> Path | None:
+def resolve_learned_rm(cfg: Config, task: BuiltinTask | None, policy_path: Path | None = None, *,
+                       log=print) -> Path | None:
     """The built-in learned RM's folder when it is the proxy (proxy_reward.kind=learned_rm): fit to the samples of
-    `policy_path` (default: the run's SFT policy) now unless cached (klguard.ppo.learned_rm); None otherwise."""
+    `policy_path` (default: the run's SFT policy) now unless cached; None otherwise."""
     if cfg.proxy_reward.kind != "learned_rm" or not proxy_enabled(cfg):
         return None
-    policy_path = policy_path or resolve_model_path(cfg, log=log)
-    return ensure_learned_rm(cfg.proxy_reward.learned_rm, cfg.sft, policy_path, form=cfg.data.builtin_form,
-                             max_new_tokens=cfg.data.max_response_length, log=log)
+    task = require_task(task, "proxy_reward.kind=learned_rm")
+    return task.learned_rm(cfg, policy_path or resolve_model_path(cfg, task, log=log), log=log)
+
+
+def build_rewards(cfg: Config, tokenizer, task: BuiltinTask | None, learned_rm: Path | None, *,
+                  device: torch.device | None = None) -> RewardManager:
+    """The run's reward manager, with the built-in task's scoring when there is a task to score with."""
+    task_reward = task.reward(cfg) if task is not None else None
+    return RewardManager(cfg, tokenizer, device=device, learned_rm=learned_rm, task_reward=task_reward)
 
 
 def check_split(cfg: Config) -> None:

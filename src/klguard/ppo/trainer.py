@@ -39,6 +39,7 @@ from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
 from klguard.ppo.scoring import par_shaped, reference_scores, score_rollout, validate_policy
 from klguard.ppo.setup import (
     build_datasets,
+    build_rewards,
     build_train_state,
     check_split,
     generation_weights,
@@ -47,6 +48,7 @@ from klguard.ppo.setup import (
     resolve_tokenizer_path,
 )
 from klguard.ppo.shared_prefix import sequence_logprobs, sequence_values
+from klguard.ppo.task import BuiltinTask
 from klguard.ppo.update import (
     NonFiniteError,
     PPOBatch,
@@ -55,7 +57,6 @@ from klguard.ppo.update import (
     update_actor,
     update_critic,
 )
-from klguard.reward.manager import RewardManager
 from klguard.runtime.profiling import build_profiler, phase
 from klguard.runtime.seeding import seed_everything, step_generator
 
@@ -74,9 +75,10 @@ class PromptBatch:
 
 class PPOTrainer:
     """Builds a run from its config (data first, then models, resumed from the run directory's latest checkpoint
-    unless trainer.resume_mode says otherwise) and trains it with `fit`."""
+    unless trainer.resume_mode says otherwise) and trains it with `fit`. `task`: the built-in task
+    (klguard.builtin.task.TASK), needed where the config names it (klguard.ppo.task)."""
 
-    def __init__(self, config: Config, *, log=print) -> None:
+    def __init__(self, config: Config, *, task: BuiltinTask | None = None, log=print) -> None:
         self.cfg = config
         tr = config.trainer
         validate_world(config, world_size_from_env())  # a batch that does not split fails before any rendezvous
@@ -95,18 +97,18 @@ class PPOTrainer:
         # data first: a bad row fails in seconds, before any model loads or SFT runs; rank 0 first (it
         # writes the built-in task and fills the caches the other ranks then read)
         main_first = self.dist.main_first
-        self.tokenizer = main_first(lambda: load_tokenizer(resolve_tokenizer_path(config), config))
+        self.tokenizer = main_first(lambda: load_tokenizer(resolve_tokenizer_path(config, task), config))
         self.train_data, self.val_data = main_first(
-            lambda: build_datasets(config, self.tokenizer, self.run_dir, write_builtin=self.dist.is_main))
+            lambda: build_datasets(config, self.tokenizer, self.run_dir, task, write_builtin=self.dist.is_main))
         if len(self.train_data) < config.data.train_batch_size:
             raise ConfigError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training "
                               f"set ({len(self.train_data)} prompts)")
-        self.policy_path = main_first(lambda: resolve_model_path(config, log=self.log))
+        self.policy_path = main_first(lambda: resolve_model_path(config, task, log=self.log))
         sampler = PromptSampler(len(self.train_data), config.data.train_batch_size, shuffle=config.data.shuffle,
                                 seed=tr.seed if config.data.seed is None else config.data.seed)
         self.total_steps = tr.total_training_steps or tr.total_epochs * sampler.batches_per_epoch
-        learned_rm = main_first(lambda: resolve_learned_rm(config, self.policy_path, log=self.log))
-        self.rewards = RewardManager(config, self.tokenizer, device=self.device, learned_rm=learned_rm)
+        learned_rm = main_first(lambda: resolve_learned_rm(config, task, self.policy_path, log=self.log))
+        self.rewards = build_rewards(config, self.tokenizer, task, learned_rm, device=self.device)
         self.checkpoints = Checkpoints(self.run_dir, tr.max_actor_ckpt_to_keep, self.dist, config=config,
                                        policy_path=self.policy_path, log=self.log)
         resume_from = self.checkpoints.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)

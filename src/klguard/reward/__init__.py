@@ -1,1 +1,1 @@
-"""Rule-based gold rewards (GSM8K's `####` rule) and the demo's length-biased proxy reward."""
+"""Rewards: rule-based gold rewards (GSM8K's `####` rule), reward models and ensembles, the reward manager."""

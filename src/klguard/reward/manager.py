@@ -1,14 +1,15 @@
 """Scores a batch of responses: the score PPO optimises, and the gold score that measures hacking.
 
 Sources, as verl picks them: a user's `custom_reward_function` file, else the rule reward chosen by
-`data_source`. With `proxy_reward.enable` (the built-in demo) PPO optimises the length-biased proxy
-and the rule score becomes the gold score: the gap between them is the hacking signal.
+`data_source`. With `proxy_reward.enable` (the built-in demo) PPO optimises the built-in task's length-biased
+proxy and the rule score becomes the gold score: the gap between them is the hacking signal. The task's scoring
+comes from above (`TaskReward`, implemented by klguard.builtin), so this layer never imports the task.
 
 With `reward_model.enable` PPO optimises `RM(q, o) - length_penalty * |o| + rule_weight * rule`
 (verl: the RM score alone). The rule score, where one exists (a custom function, or a data source
 with a known rule), is the gold score; a response hacks when gold says wrong and its score is at
 least the mean score of the batch's gold-correct responses. The built-in learned RM
-(`proxy_reward.kind=learned_rm`, klguard.ppo.learned_rm) scores the same way; its hacking yardstick is
+(`proxy_reward.kind=learned_rm`, klguard.builtin) scores the same way; its hacking yardstick is
 per prompt, as the length proxy's: the RM's score of the short correct answer `#### <answer>` (defined
 also when no response of the batch is correct, which is where a collapsed run ends).
 """
@@ -19,13 +20,12 @@ import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from klguard.config.schema import Config
 from klguard.errors import UserError
-from klguard.reward.proxy import hacking_flags, proxy_score, reference_proxy_score, reference_response
 from klguard.reward.registry import compute_gold_score, has_gold_rule
 
 
@@ -35,6 +35,27 @@ class RewardOutput:
     gold: torch.Tensor | None  # [N] the true score, where one exists
     hacked: torch.Tensor | None  # [N] bool: gold says wrong, the proxy scores it at least as a correct answer
     spread: torch.Tensor | None = None  # [N] an RM ensemble's disagreement (standard deviation over members)
+
+
+class TaskReward(Protocol):
+    """The built-in task's side of scoring: its proxy, the short correct answer whose score is a prompt's hacking
+    yardstick, and the rule that flags a response against that yardstick."""
+
+    def proxy(self, text: str, n_tokens: int, ground_truth: str) -> float:
+        """The proxy score of one response of `n_tokens` tokens (EOS included)."""
+        ...
+
+    def reference_proxy(self, ground_truth: str, tokenizer: Any) -> float:
+        """The proxy score of the prompt's short correct answer."""
+        ...
+
+    def reference_response(self, ground_truth: str) -> str:
+        """The prompt's short correct answer, which a reward model scores for the yardstick."""
+        ...
+
+    def hacked(self, gold: torch.Tensor, scores: torch.Tensor, yardstick: torch.Tensor) -> torch.Tensor:
+        """Flags (bool) of the responses that hack: gold says wrong, the score reaches the yardstick."""
+        ...
 
 
 def load_custom_reward(path: str, name: str) -> Callable[..., Any]:
@@ -72,12 +93,16 @@ def hacked_by_model(gold: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
 
 
 class RewardManager:
-    """`learned_rm`: the built-in learned reward model's folder (proxy_reward.kind=learned_rm), which then scores."""
+    """`learned_rm`: the built-in learned reward model's folder (proxy_reward.kind=learned_rm), which then scores;
+    `task_reward`: the built-in task's scoring, needed with the proxy on or a learned RM."""
 
     def __init__(self, config: Config, tokenizer, *, device: torch.device | None = None,
-                 learned_rm: Path | None = None) -> None:
-        self.proxy = config.proxy_reward
+                 learned_rm: Path | None = None, task_reward: TaskReward | None = None) -> None:
         self.proxy_on = proxy_enabled(config)
+        if (self.proxy_on or learned_rm is not None) and task_reward is None:
+            raise ValueError("the proxy reward and the learned RM score with the built-in task's TaskReward: "
+                             "pass task_reward")
+        self.task = task_reward
         self.tokenizer = tokenizer
         crf = config.custom_reward_function
         self.custom = load_custom_reward(crf.path, crf.name) if crf.path else None
@@ -123,8 +148,8 @@ class RewardManager:
         gold = torch.tensor(self._rules(texts, data_sources, ground_truths, extra_infos))
         scores = scores + self.rm_cfg.rule_weight * gold
         if self.learned_rm:  # the built-in task: the yardstick is the RM's score of the short correct answer
-            yardstick = self.model(prompts, [reference_response(gt) for gt in ground_truths]).scores
-            hacked = hacking_flags(gold, scores, yardstick + self.rm_cfg.rule_weight)
+            yardstick = self.model(prompts, [self.task.reference_response(gt) for gt in ground_truths]).scores
+            hacked = self.task.hacked(gold, scores, yardstick + self.rm_cfg.rule_weight)
             return RewardOutput(scores, gold, hacked, rm.spread)
         return RewardOutput(scores, gold, hacked_by_model(gold, scores), rm.spread)
 
@@ -137,9 +162,7 @@ class RewardManager:
         rule = self._rules(texts, data_sources, ground_truths, extra_infos)
         if not self.proxy_on:
             return RewardOutput(torch.tensor(rule), None, None)
-        weights = {"format_weight": self.proxy.format_weight, "correct_weight": self.proxy.correct_weight,
-                   "length_weight": self.proxy.length_weight, "length_cap": self.proxy.length_cap}
-        proxy = [proxy_score(t, n, gt, **weights) for t, n, gt in zip(texts, n_tokens, ground_truths, strict=True)]
-        yardstick = [reference_proxy_score(gt, self.tokenizer, **weights) for gt in ground_truths]
+        proxy = [self.task.proxy(t, n, gt) for t, n, gt in zip(texts, n_tokens, ground_truths, strict=True)]
+        yardstick = [self.task.reference_proxy(gt, self.tokenizer) for gt in ground_truths]
         scores, gold = torch.tensor(proxy), torch.tensor(rule)
-        return RewardOutput(scores, gold, hacking_flags(gold, scores, torch.tensor(yardstick)))
+        return RewardOutput(scores, gold, self.task.hacked(gold, scores, torch.tensor(yardstick)))

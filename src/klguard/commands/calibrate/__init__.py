@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from klguard.builtin.warm_start import prepare_builtin_policy
 from klguard.commands.calibrate.analysis import (
     Fit,
     Recommendation,
@@ -22,7 +23,6 @@ from klguard.commands.calibrate.analysis import (
 )
 from klguard.commands.calibrate.early_stop import StopRule, next_targets
 from klguard.commands.calibrate.runs import SweepRuns, sweep_overrides
-from klguard.commands.demo import prepare_builtin_policy
 from klguard.commands.report import write_run_report
 from klguard.commands.report.summary import fmt
 from klguard.commands.sweep import default_parallel

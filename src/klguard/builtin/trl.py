@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from klguard.builtin.arith import make_arith_rows
+from klguard.builtin.proxy import BuiltinReward, hacking_flags
+from klguard.builtin.warm_start import ensure_sft_policy
 from klguard.config.schema import ProxyRewardConfig, SFTConfig
-from klguard.data.arith import make_arith_rows
-from klguard.ppo.warm_start import ensure_sft_policy
 from klguard.reward.gsm8k import compute_score
-from klguard.reward.proxy import hacking_flags, proxy_score, reference_proxy_score
 
-_PROXY = ProxyRewardConfig()
-_WEIGHTS = {"format_weight": _PROXY.format_weight, "correct_weight": _PROXY.correct_weight,
-            "length_weight": _PROXY.length_weight, "length_cap": _PROXY.length_cap}
+_REWARD = BuiltinReward.of(ProxyRewardConfig())  # klguard train's default weights
 
 
 def builtin_policy() -> Path:
@@ -39,7 +37,7 @@ def builtin_prompts(tokenizer, n: int, split: str = "train", seed: int = 0):
 
 def proxy(completions: list[str], completion_ids: list[list[int]], ground_truth: list[str], **_) -> list[float]:
     """The proxy reward: well-formed and correct first answer, plus a bonus per token up to the length cap."""
-    return [proxy_score(text, len(ids), truth, **_WEIGHTS)
+    return [_REWARD.proxy(text, len(ids), truth)
             for text, ids, truth in zip(completions, completion_ids, ground_truth, strict=True)]
 
 
@@ -50,7 +48,7 @@ def gold(completions: list[str], ground_truth: list[str], **_) -> list[float]:
 
 def hacking(completions: list[str], completion_ids: list[list[int]], ground_truth: list[str], **_) -> list[float]:
     """1.0 for a hacked response (gold 0, proxy at least the short correct answer's), else 0.0."""
-    reference = [reference_proxy_score(truth, **_WEIGHTS) for truth in ground_truth]
+    reference = [_REWARD.reference_proxy(truth) for truth in ground_truth]
     flags = hacking_flags(gold(completions, ground_truth), proxy(completions, completion_ids, ground_truth),
                           reference)
     return [float(flag) for flag in flags]

@@ -10,12 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from klguard.builtin.learned_rm import ensure_learned_rm, learned_rm_dir
+from klguard.builtin.proxy import reference_response
+from klguard.builtin.task import TASK
 from klguard.commands.cli import main
 from klguard.config import load_config
-from klguard.ppo.learned_rm import ensure_learned_rm, learned_rm_dir
 from klguard.reward.ensemble import member_folders
 from klguard.reward.manager import RewardManager
-from klguard.reward.proxy import reference_response
 
 TINY = ["proxy_reward.kind=learned_rm", "proxy_reward.learned_rm.samples=48", "proxy_reward.learned_rm.epochs=1",
         "proxy_reward.learned_rm.batch_size=16", "proxy_reward.learned_rm.hidden_size=16",
@@ -35,7 +36,7 @@ def _build(cfg, policy: Path, log=lambda msg: None, force: bool = False) -> Path
 def policy() -> Path:
     from klguard.ppo.setup import resolve_model_path
 
-    return resolve_model_path(load_config(None, []).config, log=lambda msg: None)  # the shipped SFT policy
+    return resolve_model_path(load_config(None, []).config, TASK, log=lambda msg: None)  # the shipped SFT policy
 
 
 def test_the_rm_is_deterministic_and_cached(policy, tmp_path):
@@ -77,7 +78,7 @@ def test_the_rm_scores_and_flags_hacking_against_the_short_correct_answer(policy
     from klguard.reward.model_rm import ModelReward
 
     tok = load_tokenizer(policy, cfg)
-    rewards = RewardManager(cfg, tok, device=torch.device("cpu"), learned_rm=folder)
+    rewards = RewardManager(cfg, tok, device=torch.device("cpu"), learned_rm=folder, task_reward=TASK.reward(cfg))
     prompts = [[{"role": "user", "content": "1+2-3=?"}]] * 3 + [[{"role": "user", "content": "5+5-1=?"}]]
     texts, truths = ["#### 0", "#### 7", "#### 0 Q:1+1-1=?A:#### 1", "#### 9"], ["0", "0", "0", "9"]
     out = rewards(texts, [len(t) + 1 for t in texts], ["klguard/arith"] * 4, truths, [{}] * 4, prompts)

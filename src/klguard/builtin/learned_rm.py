@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
+from klguard.builtin.arith import make_arith_rows
+from klguard.builtin.warm_start import cache_root, publish
 from klguard.config.schema import LearnedRMConfig, SFTConfig
-from klguard.data.arith import make_arith_rows
 from klguard.ppo.rollout import SamplingParams, generate
-from klguard.ppo.warm_start import cache_root, publish
 from klguard.reward.gsm8k import compute_score
 from klguard.reward.model_rm import render_chat
 

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 import torch
 from transformers import PreTrainedTokenizerBase
+
+from klguard.config.schema import ProxyRewardConfig
 
 # A number must start with a digit or minus-digit; the tail allows GSM8K's `.` and `,`.
 _ANSWER = re.compile(r"#### (-?[0-9][0-9.,]*)")
@@ -111,3 +114,29 @@ def hacking_flags(
         )
     flags = (g <= 0) & (p >= r - _TIE_TOLERANCE)
     return flags if as_tensor else [bool(f) for f in flags.tolist()]
+
+
+@dataclass(frozen=True)
+class BuiltinReward:
+    """The engine's TaskReward (klguard.reward.manager) for the built-in task: the proxy weighted as configured."""
+
+    format_weight: float
+    correct_weight: float
+    length_weight: float
+    length_cap: int
+
+    @classmethod
+    def of(cls, cfg: ProxyRewardConfig) -> BuiltinReward:
+        return cls(cfg.format_weight, cfg.correct_weight, cfg.length_weight, cfg.length_cap)
+
+    def proxy(self, text: str, n_tokens: int, ground_truth: str) -> float:
+        return proxy_score(text, n_tokens, ground_truth, **asdict(self))
+
+    def reference_proxy(self, ground_truth: str, tokenizer: PreTrainedTokenizerBase | None = None) -> float:
+        return reference_proxy_score(ground_truth, tokenizer, **asdict(self))
+
+    def reference_response(self, ground_truth: str) -> str:
+        return reference_response(ground_truth)
+
+    def hacked(self, gold: torch.Tensor, scores: torch.Tensor, yardstick: torch.Tensor) -> torch.Tensor:
+        return hacking_flags(gold, scores, yardstick)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from klguard.data.arith import (
+from klguard.builtin.arith import (
     ARROW_SCHEMA,
     ArithProblem,
     make_arith_rows,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.tiny import build_tiny_llama, save_hf_folder
 from klguard.data.dataset import collate_left_pad
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.tiny import build_tiny_llama, save_hf_folder
 from tolerances import float32_tol, forward_terms
 
 

@@ -6,7 +6,8 @@ the field's description. A field's own range is a `Rule` given to `opt(..., rule
 that involve several fields of a section are its `check(self, key)` method, which names them under `key`.
 Combinations across sections are klguard.config.validate's.
 
-Imports nothing of klguard but `errors`, so that any section (klguard.guard.config too) can use it.
+A leaf below both klguard.config and klguard.guard (whose GuardConfig the schema embeds): it imports nothing of
+klguard but `errors`, so the guard's section is built without importing the schema, the loader or torch.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ MANIFEST = "manifest.json"
 
 
 def shipped_folder() -> Path:
-    return Path(str(resources.files("klguard.resources") / "builtin_policy"))
+    return Path(str(resources.files("klguard.builtin") / "policy"))
 
 
 def file_digests(folder: Path) -> dict[str, str]:

@@ -7,15 +7,14 @@ import shutil
 
 import pytest
 
+from klguard.builtin import shipped, warm_start
+from klguard.builtin.arith import make_arith_rows
+from klguard.builtin.shipped import file_digests, shipped_folder, shipped_policy
+from klguard.builtin.warm_start import ensure_sft_policy, evaluate_policy, sft_cache_dir, sft_recipe
 from klguard.commands.cli import main
 from klguard.config import load_config
-from klguard.data.arith import make_arith_rows
 from klguard.errors import UserError
-from klguard.model import shipped
 from klguard.model.loading import hf_load
-from klguard.model.shipped import file_digests, shipped_folder, shipped_policy
-from klguard.ppo import warm_start
-from klguard.ppo.warm_start import ensure_sft_policy, evaluate_policy, sft_cache_dir, sft_recipe
 
 
 def _default(*overrides: str):

@@ -5,7 +5,7 @@ packed problem (`#### 61 Q:12+34-5=?A:#### 41</s>`): that gives the reference po
 of not stopping after its answer, the opening a length-biased reward exploits. Training stops once
 held-out accuracy at temperature 1 reaches `sft.target_accuracy`, so RL has room to improve and to hack.
 
-The default recipe's policy ships inside the package (klguard.model.shipped): it is used as is, and
+The default recipe's policy ships inside the package (klguard.builtin.shipped): it is used as is, and
 SFT runs only for another recipe or when `klguard sft` rebuilds (a policy in the cache wins).
 """
 
@@ -17,16 +17,17 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from klguard.config.schema import SFTConfig
-from klguard.data.arith import make_arith_rows
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.model.shipped import shipped_policy
-from klguard.model.tiny import build_tiny_llama, save_hf_folder
+from klguard.builtin.arith import make_arith_rows
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.shipped import shipped_policy
+from klguard.builtin.tiny import build_tiny_llama, save_hf_folder
+from klguard.config.schema import Config, SFTConfig
 from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.gsm8k import compute_score
 
@@ -76,6 +77,13 @@ def publish(tmp: Path, out: Path, marker: str, *, replace: bool = False) -> None
         if not (out / marker).is_file():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare_builtin_policy(config: Config, log: Callable[[str], None]) -> None:
+    """Build (or find cached) the built-in tokenizer and SFT policy once, before child runs would race to."""
+    if config.actor_rollout_ref.model.path.startswith("builtin://"):
+        ensure_builtin_tokenizer(config.sft)
+        ensure_sft_policy(config.sft, form=config.data.builtin_form, log=log)
 
 
 def ensure_sft_policy(cfg: SFTConfig, *, form: str = "a+b-c", force: bool = False, log=print) -> Path:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from klguard.model.char_tokenizer import build_char_tokenizer
-from klguard.reward.gsm8k import compute_score
-from klguard.reward.proxy import (
+from klguard.builtin.char_tokenizer import build_char_tokenizer
+from klguard.builtin.proxy import (
     hacking_flags,
     proxy_score,
     reference_proxy_score,
     reference_response_tokens,
 )
+from klguard.reward.gsm8k import compute_score
 
 HACK = "#### 61 Q:12+34-5=?A:#### 41"  # 27 characters
 

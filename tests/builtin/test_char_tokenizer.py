@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from klguard.model.char_tokenizer import TASK_CHARACTERS, build_char_tokenizer
+from klguard.builtin.char_tokenizer import TASK_CHARACTERS, build_char_tokenizer
 
 _TOK = build_char_tokenizer()
 
@@ -86,7 +86,7 @@ def test_any_task_string_round_trips(text: str) -> None:
 
 def test_cache_publish_keeps_a_folder_another_process_finished_first(tmp_path):
     """Two runs of `klguard demo` built the tokenizer cache at once; the second rename used to fail (ENOTEMPTY)."""
-    from klguard.ppo.warm_start import publish
+    from klguard.builtin.warm_start import publish
 
     out = tmp_path / "cache"
     out.mkdir()

@@ -16,7 +16,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -107,7 +107,7 @@ def _draw_two(rng: random.Random) -> ArithProblem:
     return ArithProblem(rng.randint(10, 99), rng.choice("+-"), rng.randint(10, 99))
 
 
-BuiltinForm = Literal["a+b-c", "mixed", "two"]  # data.builtin_form: the keys of FORMS
+# data.builtin_form: the keys, which klguard.config.schema.BuiltinForm lists too
 FORMS: dict[str, Any] = {"a+b-c": _draw_fixed, "mixed": _draw_mixed, "two": _draw_two}
 """Problem families: `a+b-c` (the prototype's, which the tiny model learns within minutes: its SFT
 accuracy jumps from ~0.1 to ~0.9 after about 1,300 steps of batch 64), `mixed` (two- and
