@@ -34,6 +34,20 @@ def test_the_engine_never_reaches_the_builtin_task():
     assert not found, f"the engine imports the built-in task: {found}"
 
 
+# What the engine offers the clients above it: the trainer, the rollout (sampling), what it asks of the built-in task.
+# Everything else in ppo/ (checkpointing, guard_hooks, update, setup, ...) is the trainer's own.
+PUBLIC_ENGINE = {"klguard.ppo", "klguard.ppo.trainer", "klguard.ppo.rollout", "klguard.ppo.task"}
+
+
+def test_clients_of_the_engine_use_only_its_public_modules():
+    """integrations/ (the guard inside other trainers) and builtin/ (the task) reach the engine through its public
+    modules only, so the engine's internals can move without breaking them."""
+    graph = import_graph()
+    found = sorted(f"{m} -> {t}" for m, targets in graph.items() if package_of(m) in ("integrations", "builtin")
+                   for t in targets if package_of(t) == "ppo" and t not in PUBLIC_ENGINE)
+    assert not found, "engine internals imported by its clients:\n" + "\n".join(found)
+
+
 def test_no_import_circle_between_modules():
     found = cycles(import_graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
