@@ -37,8 +37,8 @@ def test_names_are_registered_once_and_unknown_ones_list_the_valid():
     assert "vanilla" in policy_loss_names()
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("vanilla")(lambda *args: None)
-    with pytest.raises(ValueError, match="unknown policy loss 'gspo'; valid: vanilla"):
-        get_policy_loss("gspo")
+    with pytest.raises(ValueError, match="unknown policy loss 'grpo'; valid: vanilla, "):
+        get_policy_loss("grpo")
 
 
 def test_the_config_key_names_a_registered_loss():
