@@ -1,5 +1,5 @@
 """The policy-loss registry: `vanilla` is PPO's clipped surrogate on hand-computed values, names resolve once, the
-config key chooses the loss the update calls."""
+config key chooses the loss the update calls (every registered one runs there)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def test_names_are_registered_once_and_unknown_ones_list_the_valid():
     assert "vanilla" in policy_loss_names()
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("vanilla")(lambda *args: None)
-    with pytest.raises(ValueError, match="unknown policy loss 'gspo'; valid: vanilla"):
-        get_policy_loss("gspo")
+    with pytest.raises(ValueError, match="unknown policy loss 'grpo'; valid: vanilla, "):
+        get_policy_loss("grpo")
 
 
 def test_the_config_key_names_a_registered_loss():
@@ -46,12 +46,13 @@ def test_the_config_key_names_a_registered_loss():
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
     with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.policy_loss\.loss_mode.*must be one of"):
         load_config(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
-    # verl's keys of the losses klguard lacks are read and reported as ignored, as before
-    loaded = load_config(None, ["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001"])
-    assert "actor_rollout_ref.actor.policy_loss.clip_cov_ratio" in loaded.ignored_verl_keys
+    # a verl key under policy_loss that klguard does not implement is read and reported as ignored
+    loaded = load_config(None, ["actor_rollout_ref.actor.policy_loss._target_=verl.workers.config.PolicyLossConfig"])
+    assert loaded.ignored_verl_keys == ["actor_rollout_ref.actor.policy_loss._target_"]
 
 
-def test_the_update_calls_the_configured_loss(monkeypatch):
+@pytest.mark.parametrize("name", policy_loss_names())
+def test_the_update_calls_the_configured_loss(monkeypatch, name: str):
     from klguard.ppo import update
 
     called = []
@@ -65,10 +66,13 @@ def test_the_update_calls_the_configured_loss(monkeypatch):
     ids = torch.randint(3, 20, (2, 6))
     batch = update.PPOBatch(ids, torch.ones_like(ids), torch.ones(2, 3), torch.zeros(2, 3) - 3.0,
                             torch.ones(2, 3), torch.zeros(2, 3))
-    cfg = load_config(None, []).config.actor_rollout_ref.actor
+    overrides = [f"actor_rollout_ref.actor.policy_loss.loss_mode={name}"]
+    if name == "dro":
+        overrides.append("actor_rollout_ref.actor.policy_loss.dro_beta=0.1")
+    cfg = load_config(None, overrides).config.actor_rollout_ref.actor
     metrics, skipped = update.update_actor(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg,
                                   batches=UpdateBatches(2, 2), temperature=1.0)
-    assert called == ["vanilla"] and math.isfinite(metrics["actor/pg_loss"]) and skipped == []
+    assert called == [name] and math.isfinite(metrics["actor/pg_loss"]) and skipped == []
 
 
 def _tiny_model():

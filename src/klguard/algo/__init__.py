@@ -3,6 +3,8 @@
 No I/O, no distributed code, no model code: every function maps tensors to tensors.
 """
 
+# imported for their registrations: any import of the registry imports this package first, so they are there
+from klguard.algo import policy_losses  # noqa: F401
 from klguard.algo.advantage import ADV_ESTIMATORS, GROUP_ESTIMATORS, compute_advantage, compute_gae
 from klguard.algo.kl import (
     KL_CONTROLLERS,

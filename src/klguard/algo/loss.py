@@ -16,6 +16,11 @@ LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 _LOG_RATIO_BOUND = 20.0
 
 
+def clamped_log_ratio(old_logprob: torch.Tensor, logprob: torch.Tensor) -> torch.Tensor:
+    """``logprob - old_logprob`` clamped to [-20, 20], verl's bound: exp() of it stays finite."""
+    return (logprob - old_logprob).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+
+
 def agg_loss(
     loss_mat: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -119,8 +124,7 @@ def compute_policy_loss(
     """
     low = clip_ratio if clip_ratio_low is None else clip_ratio_low
     high = clip_ratio if clip_ratio_high is None else clip_ratio_high
-    log_ratio = (logprob - old_logprob).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(clamped_log_ratio(old_logprob, logprob))
     loss_mat, clipped, dual_clipped = ppo_token_losses(ratio, advantages, low, high, clip_ratio_c, use_dual_clip)
     pg_loss = agg_loss(loss_mat, response_mask, loss_agg_mode)
     with torch.no_grad():

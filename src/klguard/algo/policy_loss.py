@@ -3,7 +3,8 @@
 A policy loss takes the rollout-time and current log-probs, the advantages and the response mask of a micro-batch
 and returns a `PolicyLossOutput` (the aggregated loss and its diagnostics). It is selected by
 `actor_rollout_ref.actor.policy_loss.loss_mode`; a new one is a function decorated with
-`@register_policy_loss("name")`, nothing in the update changes.
+`@register_policy_loss("name")`, nothing in the update changes. verl's other losses are in
+klguard.algo.policy_losses, registered when klguard.algo is imported.
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ from torch import Tensor
 from klguard.algo.loss import PolicyLossOutput, compute_policy_loss
 
 
+class PolicyLossOptions(Protocol):
+    """The keys under `actor.policy_loss` a loss may read (klguard's PolicyLossConfig, verl's names)."""
+
+    loss_mode: str
+    clip_cov_ratio: float
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float
+    ppo_kl_coef: float
+    dro_beta: float | None
+
+
 class PolicyLossSettings(Protocol):
     """The actor settings a policy loss may read (klguard's ActorConfig has them all, under verl's names)."""
 
@@ -25,6 +38,12 @@ class PolicyLossSettings(Protocol):
     clip_ratio_c: float
     use_dual_clip: bool
     loss_agg_mode: str
+    tau_pos: float
+    tau_neg: float
+
+    # read-only here, so that ActorConfig's PolicyLossConfig field matches the protocol
+    @property
+    def policy_loss(self) -> PolicyLossOptions: ...
 
 
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, PolicyLossSettings], PolicyLossOutput]

@@ -17,6 +17,7 @@ from klguard.fields import (
     at_least,
     choices,
     fail,
+    finite,
     greater,
     interval,
     non_negative,
@@ -171,9 +172,42 @@ class ActorProfilerConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = opt("vanilla", "The policy loss (klguard.algo.policy_loss registry): " + ", ".join(
-        policy_loss_names()) + " (vanilla: PPO's clipped surrogate, dual clip per use_dual_clip)",
+    loss_mode: str = opt(
+        "vanilla", "Policy loss (see README): " + ", ".join(policy_loss_names()),
         rule=Rule(lambda v: v in policy_loss_names(), "must be one of: " + ", ".join(policy_loss_names())))
+    clip_cov_ratio: float = opt(0.0002, "clip_cov: share of the valid tokens whose gradient is cut",
+                                rule=interval("(0, 1]"))
+    clip_cov_lb: float = opt(1.0, "clip_cov: a token may be cut when its advantage-logprob covariance is above this",
+                             rule=finite)
+    clip_cov_ub: float = opt(5.0, "clip_cov: ... and below this", rule=finite)
+    kl_cov_ratio: float = opt(0.0002, "kl_cov: share of the valid tokens, highest covariance first, given the KL "
+                              "penalty", rule=interval("(0, 1]"))
+    ppo_kl_coef: float = opt(0.1, "kl_cov: coefficient of the |log-ratio| penalty on those tokens", rule=non_negative)
+    dro_beta: float | None = opt(None, "dro: coefficient of its quadratic log-ratio penalty (required by dro)",
+                                 rule=positive)
+
+    def check(self, key: str) -> None:
+        if self.loss_mode == "dro" and self.dro_beta is None:
+            fail(f"{key}.dro_beta", None, "must be set (a number > 0) when loss_mode=dro")
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            fail(f"{key}.clip_cov_lb", self.clip_cov_lb, f"must be < clip_cov_ub ({self.clip_cov_ub})")
+
+
+# Their clip ratios bound an importance weight's truncation, not a trust region: any number > 0.
+WIDE_CLIP_LOSSES = ("cispo",)
+_CLIP_KEYS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high")
+_CLIP_RANGE = interval("(0, 1)")
+
+
+def _check_clip_ratios(actor: ActorConfig, key: str) -> None:
+    mode = actor.policy_loss.loss_mode
+    for name in _CLIP_KEYS:
+        value = getattr(actor, name)
+        if mode in WIDE_CLIP_LOSSES:
+            positive.check(f"{key}.{name}", value)
+        elif value is not None and not _CLIP_RANGE.ok(value):
+            fail(f"{key}.{name}", value, f"must be in (0, 1) with policy_loss.loss_mode={mode} (only "
+                 f"{', '.join(WIDE_CLIP_LOSSES)} takes bounds >= 1)")
 
 
 @dataclass
@@ -190,19 +224,21 @@ class ActorConfig:
     )
     ppo_epochs: int = opt(1, "Passes over each rollout batch", rule=at_least(1))
     shuffle: bool = opt(False, "Shuffle rollouts before splitting into mini-batches")
-    clip_ratio: float = opt(0.2, "PPO clip range epsilon", rule=interval("(0, 1)"))
+    clip_ratio: float = opt(0.2, "PPO clip range epsilon, in (0, 1) as clip_ratio_low/high are (cispo: any number > 0, "
+                            "its truncation bounds)")
     clip_ratio_low: float | None = opt(
-        None, "Lower clip range (null = clip_ratio; verl defaults it to 0.2, silently overriding clip_ratio)",
-        rule=interval("(0, 1)"),
+        None, "Lower clip range (null = clip_ratio; verl defaults it to 0.2, silently overriding clip_ratio)"
     )
-    clip_ratio_high: float | None = opt(
-        None, "Upper clip range (null = clip_ratio; see clip_ratio_low)", rule=interval("(0, 1)")
-    )
-    use_dual_clip: bool = opt(True, "Dual-clip PPO for negative advantages (ours; verl always applies it)")
-    clip_ratio_c: float = opt(3.0, "Dual-clip bound: a negative-advantage token's loss is at most c*|A|",
-                              rule=greater(1, "(the dual-clip bound is c * |A|)"))
+    clip_ratio_high: float | None = opt(None, "Upper clip range (null = clip_ratio; see clip_ratio_low)")
+    use_dual_clip: bool = opt(True, "Dual-clip PPO for negative advantages in the vanilla loss (ours; verl always "
+                              "applies it)")
+    clip_ratio_c: float = opt(3.0, "Dual-clip bound: a negative-advantage token's loss is at most c*|A| (dppo_*: the "
+                              "ratio weight's cap)", rule=greater(1))
     loss_agg_mode: LossAggMode = opt("token-mean", f"Loss aggregation: {choices(LossAggMode)}")
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "Which policy loss the actor's update minimises")
+    tau_pos: float = opt(1.0, "sapo: gate temperature where A > 0 (larger: the gradient fades sooner as the ratio "
+                         "leaves 1)", rule=positive)
+    tau_neg: float = opt(1.05, "sapo: gate temperature where A <= 0", rule=positive)
     entropy_coeff: float = opt(0.0, "Entropy bonus coefficient", rule=non_negative)
     use_kl_loss: bool = opt(False, "Add beta * KL(actor || ref) to the actor loss (GRPO style)")
     kl_loss_coef: float = opt(0.001, "Coefficient of the KL loss; with the KL as a loss only (use_kl_in_reward=false) "
@@ -214,6 +250,9 @@ class ActorConfig:
     optim: OptimConfig = section(OptimConfig, "Actor optimizer (AdamW)")
     fsdp_config: FSDPConfig = section(FSDPConfig, "Precision of the actor, the reference and the reward model")
     profiler: ActorProfilerConfig = section(ActorProfilerConfig, "Ranks and contents of global_profiler traces")
+
+    def check(self, key: str) -> None:
+        _check_clip_ratios(self, key)
 
 
 def _check_temperature(sampling: ValKwargs | RolloutConfig, key: str) -> None:
