@@ -4,6 +4,9 @@ or a real process and is marked `scenario` and with its folder's name (`pytest -
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,17 @@ import torch
 
 TESTS = Path(__file__).parent
 SCENARIO_FOLDERS = ("e2e", "reliability", "distributed", "realmodel", "golden")
+
+
+def pytest_configure(config):
+    """A fresh torch inductor cache for each test session. Inductor's on-disk cache does not key its CPU kernels by
+    ATEN_CPU_CAPABILITY: kernels compiled under avx512 and loaded under avx2 made the compiled decode step return
+    NaN on this project's AMD EPYC. A session must not depend on what an earlier one left in /tmp."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="klguard-tests-inductor-")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
