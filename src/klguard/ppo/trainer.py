@@ -167,13 +167,13 @@ class PPOTrainer:
         batch = self._local_batch(prompts.layout, PPOBatch(out.input_ids, out.attention_mask, mask,
                                                            out.old_logprobs, advantages, returns, values,
                                                            ref_logprobs, vpreds))
-        update_metrics, nonfinite = {}, []  # 6. updates: the critic, then the actor once the critic warmed up
+        shuffling, update_metrics, nonfinite = self._shuffling(), {}, []  # 6. updates, one shuffling stream
         if state.critic is not None:
             with _timed(timing, "update_critic"):
-                update_metrics, nonfinite = self._update_critic(batch)
+                update_metrics, nonfinite = self._update_critic(batch, shuffling)
         if state.step >= cfg.trainer.critic_warmup:
             with _timed(timing, "update_actor"):
-                actor_metrics, actor_nonfinite = self._update_actor(batch, kl_coef)
+                actor_metrics, actor_nonfinite = self._update_actor(batch, kl_coef, shuffling)
             update_metrics, nonfinite = update_metrics | actor_metrics, nonfinite + actor_nonfinite
         timing["step"] = time.perf_counter() - started  # 7. metrics
         reshard = {"perf/reshard_share": timing["reshard"] / timing["step"]} if "reshard" in timing else {}
@@ -262,23 +262,24 @@ class PPOTrainer:
         local.vpreds = vpreds
         return local
 
-    def _update_generator(self) -> torch.Generator:
+    def _shuffling(self) -> torch.Generator:
         """Mini-batch shuffling noise of this step, the same for the critic and the actor."""
         return step_generator(self.cfg.trainer.seed, self.state.step, 1, torch.device("cpu"))
 
-    def _update_critic(self, batch: PPOBatch) -> tuple[dict[str, float], list[str]]:
+    def _update_critic(self, batch: PPOBatch, shuffling: torch.Generator) -> tuple[dict[str, float], list[str]]:
         state = self.state
         out = update_critic(state.critic, state.critic_optim, batch, self.cfg.critic, batches=self.batches.critic,
-                            generator=self._update_generator(),
+                            generator=shuffling,
                             share_prompt=self.cfg.actor_rollout_ref.model.share_prompt_forward)
         state.critic_sched.step()
         return out
 
-    def _update_actor(self, batch: PPOBatch, kl_coef: float) -> tuple[dict[str, float], list[str]]:
+    def _update_actor(self, batch: PPOBatch, kl_coef: float, shuffling: torch.Generator
+                      ) -> tuple[dict[str, float], list[str]]:
         cfg, state, clip = self.cfg, self.state, self.guard.actor_grad_clip
         metrics, nonfinite = update_actor(
             state.actor, state.actor_optim, batch, cfg.actor_rollout_ref.actor, batches=self.batches.actor,
-            temperature=cfg.actor_rollout_ref.rollout.temperature, generator=self._update_generator(),
+            temperature=cfg.actor_rollout_ref.rollout.temperature, generator=shuffling,
             grad_clip=clip, share_prompt=cfg.actor_rollout_ref.model.share_prompt_forward,
             kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
         state.actor_sched.step()
