@@ -3,6 +3,8 @@ SFT policy, cached, scored through the reward-model path, with a per-prompt hack
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +22,9 @@ from klguard.reward.manager import RewardManager
 
 TINY = ["proxy_reward.kind=learned_rm", "proxy_reward.learned_rm.samples=48", "proxy_reward.learned_rm.epochs=1",
         "proxy_reward.learned_rm.batch_size=16", "proxy_reward.learned_rm.hidden_size=16",
-        "data.max_response_length=16"]
+        "data.max_response_length=16", "proxy_reward.learned_rm.contrast=8"]
+SCRATCH3 = ["proxy_reward.learned_rm.init=scratch", "proxy_reward.learned_rm.ensemble_size=3",
+            "proxy_reward.learned_rm.audit=false"]  # the from-scratch bootstrap ensemble
 
 
 def _config(cache: Path, *extra: str):
@@ -39,24 +43,50 @@ def policy() -> Path:
     return resolve_model_path(load_config(None, []).config, TASK, log=lambda msg: None)  # the shipped SFT policy
 
 
-def test_the_rm_is_deterministic_and_cached(policy, tmp_path):
+def _weights_equal(a: Path, b: Path) -> bool:
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_the_default_rm_is_the_sft_body_deterministic_and_cached_with_its_audit_rm(policy, tmp_path):
     messages: list[str] = []
     first = _build(_config(tmp_path / "a"), policy, messages.append)
     second = _build(_config(tmp_path / "b"), policy)
-    members = member_folders(first)
-    assert [m.name for m in members] == ["member-0", "member-1", "member-2"]  # the default: an ensemble of 3
-    for member in members:
-        a, b = load_file(member / "model.safetensors"), load_file(second / member.name / "model.safetensors")
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # same recipe, same weights
-    a, b = (load_file(m / "model.safetensors") for m in members[:2])
-    assert not all(torch.equal(a[k], b[k]) for k in a)  # each member has its own resample and initialisation
+    assert member_folders(first) == [first] and (first / "audit").is_dir()  # one RM, and its audit RM
+    assert _weights_equal(first, second) and _weights_equal(first / "audit", second / "audit")  # same recipe
+    assert not _weights_equal(first, first / "audit")  # other problems, other samples
+    rm, sft = load_file(first / "model.safetensors"), load_file(policy / "model.safetensors")
+    assert "score.weight" in rm and rm["model.embed_tokens.weight"].shape == sft["model.embed_tokens.weight"].shape
+    metrics = json.loads((first / "rm_metrics.json").read_text())
+    assert metrics["train_examples"] == int(48 * 0.8) + 2 * 8  # 4/5 of the samples + 8 contrast pairs
+    assert metrics["held_out_samples"] == 48 - int(48 * 0.8) and 0 <= metrics["held_out_accuracy"] <= 1
+    assert metrics["audit"]["train_examples"] == metrics["train_examples"]
     assert (first / "rm_metrics.json").read_text() == (second / "rm_metrics.json").read_text()
     assert sum("fitting the learned reward model" in m for m in messages) == 1
     again: list[str] = []
     assert _build(_config(tmp_path / "a"), policy, again.append) == first and not any("fitting" in m for m in again)
     cfg = _config(tmp_path / "a")
-    other = replace(cfg.proxy_reward.learned_rm, seed=1)
-    assert learned_rm_dir(other, cfg.sft, policy, 16) != first  # the recipe keys the cache
+    assert learned_rm_dir(replace(cfg.proxy_reward.learned_rm, seed=1), cfg.sft, policy, 16) != first  # recipe keys
+
+
+def test_the_scratch_ensemble_has_members_of_their_own(policy, tmp_path):
+    folder = _build(_config(tmp_path, *SCRATCH3), policy)
+    members = member_folders(folder)
+    assert [m.name for m in members] == ["member-0", "member-1", "member-2"] and not (folder / "audit").exists()
+    assert not _weights_equal(members[0], members[1])  # each member has its own resample and initialisation
+    assert load_file(members[0] / "model.safetensors")["model.embed_tokens.weight"].shape[1] == 16  # hidden_size
+
+
+def test_near_misses_are_wrong_and_never_negative():
+    import random
+
+    from klguard.builtin.learned_rm import near_miss
+
+    rng = random.Random(0)
+    for answer in (0, 1, 9, 10, 55, 170):
+        for _ in range(20):
+            wrong = near_miss(answer, rng)
+            assert wrong != answer and wrong >= 0 and abs(wrong - answer) in (1, 2, 10)
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -72,7 +102,7 @@ def test_a_bad_recipe_is_a_one_line_error(override, message, capsys, tmp_path):
 
 
 def test_the_rm_scores_and_flags_hacking_against_the_short_correct_answer(policy, tmp_path):
-    cfg = _config(tmp_path)
+    cfg = _config(tmp_path, *SCRATCH3)
     folder = _build(cfg, policy)
     from klguard.model.loading import load_tokenizer
     from klguard.reward.model_rm import ModelReward
@@ -100,7 +130,6 @@ def test_the_rm_scores_and_flags_hacking_against_the_short_correct_answer(policy
 
 
 def test_a_run_optimises_the_learned_rm(fast_overrides, tmp_path):
-    import json
 
     assert main(["train", *fast_overrides, *TINY, "trainer.total_training_steps=2", "trainer.test_freq=-1",
                  "trainer.val_before_train=false"]) == 0
@@ -109,3 +138,8 @@ def test_a_run_optimises_the_learned_rm(fast_overrides, tmp_path):
     assert list(cache.glob("rm-*/rm_metrics.json"))  # fitted on first use, beside the SFT policy
     step = rows[-1]
     assert "hacking/rate" in step and step["critic/score/max"] != step["critic/score/min"]
+    # the gold-free inputs: the reference's support, the optimised RM's own score and the audit RM's
+    for key in ("hacking/ref_low_prob_share", "hacking/ref_nll", "hacking/rm_score", "hacking/rm_score_std",
+                "hacking/audit_score", "hacking/audit_score_std"):
+        assert math.isfinite(step[key]), key
+    assert 0 <= step["hacking/ref_low_prob_share"] <= 1 and step["hacking/ref_nll"] > 0

@@ -87,3 +87,34 @@ def test_custom_reward_failures_name_the_sample(tmp_path, body, message):
     with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         manager = _manager(f"custom_reward_function.path={file}")
         manager(["fine", "sevenCh", "bad"], [1, 1, 1], ["openai/gsm8k"] * 3, ["1"] * 3, [{}] * 3)
+
+
+def test_the_audit_rm_scores_every_response_and_is_not_optimised(assets):
+    base = ["reward_model.enable=true", f"reward_model.model.path={assets.rm}"]
+    args = (RESPONSES, [3, 12, 1], ["openai/gsm8k"] * 3, ["14", "25", "4"], [{}] * 3)
+    plain = _manager(*base)(*args, prompts=PROMPTS)
+    audited = _manager(*base, f"reward_model.audit_model.path={assets.rm}", "reward_model.length_penalty=0.1")(
+        *args, prompts=PROMPTS)
+    assert plain.audit is None
+    # the audit RM (here the same folder) reads the same chats: its scores are the RM's own, before the penalty
+    torch.testing.assert_close(audited.audit, audited.rm_scores, rtol=0, atol=0)
+    torch.testing.assert_close(audited.rm_scores, plain.rm_scores, rtol=0, atol=0)
+    assert not torch.equal(audited.scores, audited.audit)  # PPO optimises the penalised score, never the audit's
+
+
+@pytest.mark.parametrize(("folder", "message"), [
+    ("missing", "reward_model.audit_model.path={p} is not a folder"),
+    ("empty", "reward_model.audit_model.path={p}"),
+])
+def test_a_bad_audit_folder_is_one_line_and_exit_2(assets, tmp_path, capsys, folder, message):
+    from klguard.commands.cli import main
+
+    path = tmp_path / folder
+    if folder == "empty":
+        path.mkdir()
+    code = main(["train", "trainer.total_training_steps=1", "reward_model.enable=true",
+                 f"reward_model.model.path={assets.rm}", f"reward_model.audit_model.path={path}",
+                 f"trainer.default_local_dir={tmp_path / 'run'}"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("klguard: error: " + message.format(p=path)), lines

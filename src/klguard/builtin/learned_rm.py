@@ -1,14 +1,21 @@
-"""The built-in task's second exploit (`proxy_reward.kind=learned_rm`): a small reward model fit to the SFT
-policy's own samples, labelled by the gold rule, from limited data, as Gao, Schulman and Hilton (2022) fit their
-proxy RMs. PPO optimises its score while gold stays the rule; what it gets wrong is the exploit, length or not.
+"""The built-in task's second exploit (`proxy_reward.kind=learned_rm`): a reward model fit to the SFT policy's own
+samples, labelled by the gold rule, from limited data, as Gao, Schulman and Hilton (2022) and Coste et al. (2024) fit
+their proxy RMs. PPO optimises its score while gold stays the rule; what it gets wrong is the exploit.
 
-The recipe (`proxy_reward.learned_rm.*`): `samples` responses of the SFT policy at temperature 1 (its run-on
-continuations included), on training-split problems drawn with the recipe's seed; each labelled 1 when the gold rule
-says correct, else 0; a Llama body of `hidden_size` x `num_layers` on the built-in character tokenizer with a
-one-label `AutoModelForSequenceClassification` head, trained with binary cross-entropy for `epochs` passes. A fifth
-of the samples is held out to measure its accuracy (`rm_metrics.json`). The folder is cached beside the SFT policy,
-keyed by the recipe and the SFT policy's weights, and built by `klguard sft` or on first use; it loads through
-the same code as a user's reward model (klguard.reward.model_rm).
+The recipe (`proxy_reward.learned_rm.*`):
+- data: `samples` responses of the SFT policy at temperature 1 (its run-on continuations included) on training-split
+  problems drawn with the recipe's seed, each labelled 1 when the gold rule says correct, else 0. The last fifth is
+  held out to measure the RM (`rm_metrics.json`). `contrast` more training problems each add the short correct answer
+  (label 1) and a near-miss wrong one (label 0), so the RM learns to check the arithmetic, not only the form;
+- body (`init`): `sft`, the SFT policy's body with a fresh one-label `AutoModelForSequenceClassification` head (an RM
+  that is right on the policy's distribution and wrong off it), or `scratch`, a fresh `hidden_size` x `num_layers`
+  Llama on the built-in character tokenizer;
+- binary cross-entropy for `epochs` passes; `ensemble_size` members each fit to their own bootstrap resample;
+- `audit`: a second RM by the same recipe on disjoint problems and samples, saved in `audit/`. It is never optimised:
+  the run scores every rollout with it as well, and the optimised RM's gain that it does not share is a gold-free
+  hacking signal.
+The folder is cached beside the SFT policy, keyed by the recipe and the SFT policy's weights, and built by `klguard
+sft` or on first use; it loads through the same code as a user's reward model (klguard.reward.model_rm).
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+from transformers.utils import logging as hf_logging
 
 from klguard.builtin.arith import make_arith_rows
 from klguard.builtin.warm_start import cache_root, publish
@@ -30,7 +39,7 @@ from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.gsm8k import compute_score
 from klguard.reward.model_rm import render_chat
 
-RM_FORMAT_VERSION = 1  # bump when the recipe's meaning changes, so stale caches are not reused
+RM_FORMAT_VERSION = 2  # bump when the recipe's meaning changes, so stale caches are not reused
 SAMPLE_BATCH = 256
 HELD_OUT_SHARE = 0.2
 
@@ -53,16 +62,18 @@ def learned_rm_dir(cfg: LearnedRMConfig, sft: SFTConfig, policy: Path, max_new_t
     return cache_root(sft) / f"rm-{hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]}"
 
 
+AUDIT_SEED_OFFSET = 7919  # the audit RM's sampling and initialisation seeds: apart from the proxy's
+
+
 @torch.no_grad()
-def sample_labelled(policy: Path, cfg: LearnedRMConfig, *, form: str, max_new_tokens: int
+def sample_labelled(policy: Path, rows: list[dict], seed: int, *, max_new_tokens: int
                     ) -> tuple[list[str], list[float], object]:
-    """The SFT policy's samples rendered as (prompt, response) chats, their gold labels, and the tokenizer."""
+    """The SFT policy's samples on `rows` rendered as (prompt, response) chats, their gold labels, the tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
-    rows = make_arith_rows(cfg.samples, "train", 1000 + cfg.seed, form=form)
     params = SamplingParams(max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id, temperature=1.0)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(seed)
     texts, labels = [], []
     for start in range(0, len(rows), SAMPLE_BATCH):
         part = rows[start : start + SAMPLE_BATCH]
@@ -76,14 +87,44 @@ def sample_labelled(policy: Path, cfg: LearnedRMConfig, *, form: str, max_new_to
     return texts, labels, tokenizer
 
 
-def _rm_model(cfg: LearnedRMConfig, tokenizer, member: int) -> LlamaForSequenceClassification:
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-                         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
-                         intermediate_size=2 * cfg.hidden_size, max_position_embeddings=128, num_labels=1,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+def near_miss(answer: int, rng: random.Random) -> int:
+    """A wrong answer a tiny model might write: off by one or two, or by ten (a carry), never negative."""
+    for _ in range(8):
+        wrong = answer + rng.choice((-10, -2, -1, 1, 2, 10))
+        if wrong >= 0:
+            return wrong
+    return answer + 1
+
+
+def contrast_examples(rows: list[dict], tokenizer, seed: int) -> tuple[list[str], list[float]]:
+    """Each row's short correct answer (label 1) and a near-miss wrong answer (label 0), as chats."""
+    rng = random.Random(f"klguard-rm-contrast:{seed}")
+    texts, labels = [], []
+    for row in rows:
+        answer = int(row["reward_model"]["ground_truth"])
+        for value, label in ((answer, 1.0), (near_miss(answer, rng), 0.0)):
+            texts.append(render_chat(tokenizer, row["prompt"], f"#### {value}"))
+            labels.append(label)
+    return texts, labels
+
+
+def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int) -> LlamaForSequenceClassification:
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed + member)
+        torch.manual_seed(seed)
+        if cfg.init == "sft":  # the SFT body; the new one-label head is drawn from the seed above
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()  # "some weights were newly initialised": the head, as intended
+            try:
+                return LlamaForSequenceClassification.from_pretrained(
+                    policy, num_labels=1, pad_token_id=tokenizer.pad_token_id, dtype=torch.float32)
+            finally:
+                hf_logging.set_verbosity(verbosity)
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
+                             num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                             num_key_value_heads=cfg.num_heads, intermediate_size=2 * cfg.hidden_size,
+                             max_position_embeddings=128, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                             tie_word_embeddings=False)
         return LlamaForSequenceClassification(config)
 
 
@@ -104,22 +145,32 @@ def member_rows(cfg: LearnedRMConfig, member: int, n: int) -> torch.Tensor:
     return torch.randint(0, n, (n,), generator=gen)
 
 
-def encode_samples(texts: list[str], labels: list[float], tokenizer) -> tuple[torch.Tensor, ...]:
-    """(ids, mask, labels) of the samples, right-padded: encoded once for every member."""
+def encode(texts: list[str], labels: list[float], tokenizer) -> tuple[torch.Tensor, ...]:
+    """(ids, mask, labels), right-padded."""
     tokenizer.padding_side = "right"
     enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
     return enc["input_ids"], enc["attention_mask"], torch.tensor(labels)
 
 
-def train_rm(samples: tuple[torch.Tensor, ...], cfg: LearnedRMConfig, tokenizer, member: int = 0
-             ) -> tuple[torch.nn.Module, dict]:
-    """One member fit to (a resample of) the first 4/5 of the encoded samples, and its accuracy on both parts."""
-    ids, mask, y = samples
-    cut = int(len(y) * (1 - HELD_OUT_SHARE))
-    rows = member_rows(cfg, member, cut)
-    model = _rm_model(cfg, tokenizer, member)
+def rm_dataset(policy: Path, cfg: LearnedRMConfig, rows: list[dict], seed: int, *, max_new_tokens: int
+               ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], object]:
+    """(train, held_out) encoded sets of one RM: the SFT policy's samples on `rows`, their last fifth held out,
+    and `contrast` pairs on the first training problems added to the training set."""
+    texts, labels, tokenizer = sample_labelled(policy, rows, seed, max_new_tokens=max_new_tokens)
+    cut = int(len(labels) * (1 - HELD_OUT_SHARE))
+    extra_texts, extra_labels = contrast_examples(rows[: min(cfg.contrast, cut)], tokenizer, seed)
+    train = encode(texts[:cut] + extra_texts, labels[:cut] + extra_labels, tokenizer)
+    return train, encode(texts[cut:], labels[cut:], tokenizer), tokenizer
+
+
+def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...], cfg: LearnedRMConfig, tokenizer,
+             policy: Path, seed: int, member: int = 0) -> tuple[torch.nn.Module, dict]:
+    """One member fit to (a resample of) the training set, and its accuracy on both sets."""
+    ids, mask, y = train
+    rows = member_rows(cfg, member, len(y))
+    model = _rm_model(cfg, tokenizer, policy, seed + member)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed + member)
+    gen = torch.Generator().manual_seed(seed + member)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     loss = torch.zeros(())
     for _ in range(cfg.epochs):
@@ -130,35 +181,48 @@ def train_rm(samples: tuple[torch.Tensor, ...], cfg: LearnedRMConfig, tokenizer,
             optim.step()
             optim.zero_grad(set_to_none=True)
     model.eval()
-    return model, {"train_accuracy": _accuracy(model, ids[:cut], mask[:cut], y[:cut]),
-                   "held_out_accuracy": _accuracy(model, ids[cut:], mask[cut:], y[cut:]),
-                   "gold_correct_share": float(y.mean()), "final_loss": float(loss.detach()), "samples": len(y)}
+    return model, {"train_accuracy": _accuracy(model, *train), "held_out_accuracy": _accuracy(model, *held_out),
+                   "gold_correct_share": float(held_out[2].mean()), "final_loss": float(loss.detach()),
+                   "train_examples": len(y), "held_out_samples": len(held_out[2])}
+
+
+def fit_rms(policy: Path, cfg: LearnedRMConfig, rows: list[dict], seed: int, target: Path, *,
+            max_new_tokens: int) -> dict:
+    """Fit one RM (or `ensemble_size` members in `member-<i>/`) on `rows` into `target`; their mean metrics."""
+    train, held_out, tokenizer = rm_dataset(policy, cfg, rows, seed, max_new_tokens=max_new_tokens)
+    members = []
+    for member in range(cfg.ensemble_size):
+        model, metrics = train_rm(train, held_out, cfg, tokenizer, policy, seed, member)
+        folder = target if cfg.ensemble_size == 1 else target / f"member-{member}"
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+        members.append(metrics)
+    mean = {key: sum(m[key] for m in members) / len(members)
+            for key in ("train_accuracy", "held_out_accuracy", "final_loss")}
+    return mean | {key: members[0][key] for key in ("gold_correct_share", "train_examples", "held_out_samples")} \
+        | {"members": members}
 
 
 def ensure_learned_rm(cfg: LearnedRMConfig, sft: SFTConfig, policy: Path, *, form: str, max_new_tokens: int,
                       force: bool = False, log=print) -> Path:
-    """The learned RM's folder for this recipe and SFT policy: cached, or built now (`force`: always built)."""
+    """The learned RM's folder for this recipe and SFT policy: cached, or built now (`force`: always built).
+    With `cfg.audit` the folder's `audit/` holds the audit RM."""
     out = learned_rm_dir(cfg, sft, policy, max_new_tokens)
     if not force and (out / "rm_metrics.json").is_file():
         return out
     log(f"klguard: fitting the learned reward model to {cfg.samples} samples of the SFT policy (cached at {out})")
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    texts, labels, tokenizer = sample_labelled(policy, cfg, form=form, max_new_tokens=max_new_tokens)
-    samples, members = encode_samples(texts, labels, tokenizer), []
-    for member in range(cfg.ensemble_size):
-        model, metrics = train_rm(samples, cfg, tokenizer, member)
-        target = tmp if cfg.ensemble_size == 1 else tmp / f"member-{member}"
-        model.save_pretrained(target, safe_serialization=True)
-        tokenizer.save_pretrained(target)
-        members.append(metrics)
-    metrics = {key: sum(m[key] for m in members) / len(members) for key in ("train_accuracy", "held_out_accuracy",
-                                                                           "final_loss")}
-    metrics |= {"gold_correct_share": members[0]["gold_correct_share"], "samples": len(texts), "members": members,
-                "recipe": rm_recipe(cfg, policy, max_new_tokens)}
+    # one stream of distinct problems: the proxy's first, the audit RM's after them (disjoint by construction)
+    rows = make_arith_rows(cfg.samples * (2 if cfg.audit else 1), "train", 1000 + cfg.seed, form=form)
+    metrics = fit_rms(policy, cfg, rows[: cfg.samples], cfg.seed, tmp, max_new_tokens=max_new_tokens)
+    if cfg.audit:
+        metrics["audit"] = fit_rms(policy, cfg, rows[cfg.samples :], cfg.seed + AUDIT_SEED_OFFSET, tmp / "audit",
+                                   max_new_tokens=max_new_tokens)
+    metrics["recipe"] = rm_recipe(cfg, policy, max_new_tokens)
     (tmp / "rm_metrics.json").write_text(json.dumps(metrics, indent=1))
     publish(tmp, out, "rm_metrics.json", replace=force)
-    log(f"klguard: learned RM accuracy {metrics['train_accuracy']:.3f} on its samples, "
-        f"{metrics['held_out_accuracy']:.3f} held out (mean of {cfg.ensemble_size} member(s); "
-        f"{metrics['gold_correct_share']:.3f} of the samples gold-correct)")
+    log(f"klguard: learned RM accuracy {metrics['train_accuracy']:.3f} on its training set, "
+        f"{metrics['held_out_accuracy']:.3f} on held-out samples of the SFT policy (mean of {cfg.ensemble_size} "
+        f"member(s); {metrics['gold_correct_share']:.3f} of those gold-correct)")
     return out

@@ -27,9 +27,22 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class AuditModelConfig:
+    path: str | None = opt(
+        None, "Local HF folder of a second reward model that is never optimised: it scores every rollout and the "
+        "optimised RM's gain that it does not share is the audit_gap hacking signal (ours; null = none, or the "
+        "built-in learned RM's own audit RM)")
+
+    def check(self, key: str) -> None:
+        if self.path is not None and not Path(self.path).expanduser().is_dir():
+            raise ConfigError(f"{key}.path={self.path} is not a folder")
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = opt(False, "Score responses with a sequence-classification reward model")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model")
+    audit_model: AuditModelConfig = section(AuditModelConfig, "An audit reward model, never optimised (ours)")
     micro_batch_size_per_gpu: int | None = opt(
         None, "Sequences per reward-model forward (null = the whole batch)", rule=at_least(1, or_null=True)
     )
@@ -72,22 +85,32 @@ class CustomRewardFunctionConfig:
 ProxyKind = Literal["length", "learned_rm"]
 
 
+RMInit = Literal["sft", "scratch"]
+
+
 @dataclass
 class LearnedRMConfig:
     """The recipe of the learned reward model (proxy_reward.kind=learned_rm); its weights are cached by it."""
 
-    samples: int = opt(4096, "SFT-policy samples (temperature 1, run-ons included) labelled by the gold rule",
-                       rule=at_least(16))
+    init: RMInit = opt("sft", "The RM's body: " + choices(
+        RMInit, sft="the SFT policy's body with a fresh one-label head, as Gao et al. 2022 and Coste et al. 2024 "
+        "build proxy RMs", scratch="a fresh hidden_size x num_layers Llama"))
+    samples: int = opt(4096, "SFT-policy samples (temperature 1, run-ons included) labelled by the gold rule; a "
+                       "fifth is held out to measure the RM", rule=at_least(16))
+    contrast: int = opt(1024, "Training problems added twice more: the short correct answer (label 1) and a "
+                        "near-miss wrong answer (label 0)", rule=at_least(0))
     epochs: int = opt(5, "Passes over the samples", rule=at_least(1))
     batch_size: int = opt(64, "Samples per RM optimizer step", rule=at_least(1))
     lr: float = opt(1e-3, "RM learning rate (AdamW, constant)", rule=greater(0))
-    hidden_size: int = opt(64, "RM width (a Llama body on the built-in tokenizer)", rule=at_least(8))
-    num_layers: int = opt(1, "RM decoder layers", rule=at_least(1))
-    num_heads: int = opt(2, "RM attention heads (must divide hidden_size)", rule=at_least(1))
+    hidden_size: int = opt(64, "RM width (init=scratch: a Llama body on the built-in tokenizer)", rule=at_least(8))
+    num_layers: int = opt(1, "RM decoder layers (init=scratch)", rule=at_least(1))
+    num_heads: int = opt(2, "RM attention heads (init=scratch; must divide hidden_size)", rule=at_least(1))
     seed: int = opt(0, "Seed of the RM's samples, initialisation and batch order")
     ensemble_size: int = opt(
-        3, "Members, each fit to its own bootstrap resample (1 = one RM on all samples); reduced by "
+        1, "Members, each fit to its own bootstrap resample (1 = one RM on all samples); reduced by "
         "reward_model.ensemble_reduce, their spread is logged as hacking/rm_ensemble_std", rule=at_least(1))
+    audit: bool = opt(True, "Also fit an audit RM by the same recipe on disjoint problems and samples; it is never "
+                      "optimised and scores every rollout (hacking/audit_gap)")
 
     def check(self, key: str) -> None:
         if self.hidden_size % self.num_heads:

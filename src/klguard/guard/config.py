@@ -118,6 +118,15 @@ class GuardConfig:
         0.15, "hacking/repeated_ngram_share above baseline + this: hacking signal", rule=_TOLERANCE)
     rm_spread_factor: float = opt(
         2.0, "hacking/rm_ensemble_std (an RM ensemble's spread) above this x baseline: hacking signal", rule=_FACTOR)
+    support_prob_floor: float = opt(
+        0.01, "Reference probability under which a sampled token is off-support",
+        rule=interval("(0, 1)"))
+    ref_support_rise: float = opt(
+        0.05, "hacking/ref_low_prob_share (off-support tokens) above baseline + this: hacking signal", rule=_TOLERANCE)
+    ref_nll_rise: float = opt(
+        0.5, "hacking/ref_nll (nats/token under the reference) above baseline + this: hacking signal", rule=_TOLERANCE)
+    audit_gap_max: float = opt(
+        1.0, "Optimised RM's gain minus the audit RM's, in baseline stds, above this: hacking signal", rule=_TOLERANCE)
     hacking_signals: list[str] = opt(
         DEFAULT_HACKING_SIGNALS, "Signals that raise the hacking alarm (the others are only logged as guard/hack_*)")
     hacking_action: HackingAction = opt(

@@ -124,7 +124,8 @@ class KLGuard:
                 "guard/lr_scale": st.lr_scale, "guard/rollbacks": float(st.rollbacks),
                 "guard/in_warmup": float(st.frozen), "guard/stable": float(self.is_stable())}
         optional = {"guard/kl_coef": st.kl_coef, "guard/grad_clip": st.grad_clip,
-                    "guard/penalty_share": st.penalty_share, "guard/val_best": st.best_val}
+                    "guard/penalty_share": st.penalty_share, "guard/val_best": st.best_val,
+                    "guard/audit_gap": st.audit_gap}
         out |= {k: float(v) for k, v in optional.items() if v is not None}
         return out
 

@@ -14,7 +14,15 @@ raise ``guard/hacking_alarm`` (and the guard's ``hacking_action``). A baseline i
   ``kl_growth_min`` (the first steps' KL is near 0, so a ratio alone would fire on any learning);
 - ``repetition``: ``hacking/repeated_ngram_share`` above its baseline + ``repetition_rise`` (looping text);
 - ``rm_spread``: ``hacking/rm_ensemble_std`` above ``rm_spread_factor`` x its baseline: an RM ensemble's members
-  disagree on the policy's responses more than they did on the starting policy's (Eisenstein et al. 2023).
+  disagree on the policy's responses more than they did on the starting policy's (Eisenstein et al. 2023);
+- ``ref_support``: ``hacking/ref_low_prob_share`` (the share of sampled tokens whose reference probability is under
+  ``guard.support_prob_floor``) above its baseline + ``ref_support_rise``: the policy samples where the reference
+  does not (the support BSPO, Dai et al. 2025, keeps the policy in);
+- ``ref_nll``: ``hacking/ref_nll`` (the samples' mean NLL under the reference, the log of their perplexity under
+  the frozen base model) above its baseline + ``ref_nll_rise``;
+- ``audit_gap``: the optimised RM's score gain over its baseline minus the audit RM's (``hacking/rm_score``,
+  ``hacking/audit_score``), each in units of its baseline's within-batch standard deviation, above ``audit_gap_max``:
+  the optimised RM sees a gain that an RM fit to other data does not share.
 """
 
 from __future__ import annotations
@@ -22,7 +30,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from klguard.guard.config import GuardConfig
-from klguard.guard.signals import ENTROPY, KL_SEQ_SUM, LENGTH, LENGTH_CORR, REPETITION, RM_SPREAD, Observation
+from klguard.guard.signals import (
+    AUDIT_SCORE,
+    ENTROPY,
+    KL_SEQ_SUM,
+    LENGTH,
+    LENGTH_CORR,
+    REF_LOW_PROB,
+    REF_NLL,
+    REPETITION,
+    RM_SPREAD,
+    Observation,
+)
 from klguard.guard.state import GuardState
 
 _VAL_METRIC = "val-core/*/acc/*"
@@ -81,6 +100,27 @@ def _limit_signal(st: GuardState, name: str, metric: str, value: float | None, l
     return [Evidence(name, metric, value, limit, f"{what} {value:.3g} is {side} {limit:.3g}")]
 
 
+def _score_baseline(values: list[list[float]], mean: float | None, std: float | None, size: int
+                    ) -> tuple[float, float] | None:
+    """Like :func:`_baseline` for a score's (batch mean, batch std): their means once ``size`` steps are in."""
+    if len(values) < size:
+        if mean is not None and std is not None:
+            values.append([mean, std])
+        return None
+    return sum(v[0] for v in values) / len(values), sum(v[1] for v in values) / len(values)
+
+
+def audit_gap(cfg: GuardConfig, st: GuardState, obs: Observation) -> float | None:
+    """The optimised RM's gain in baseline standard deviations minus the audit RM's (None until both baselines are
+    in, or where either is missing or had no spread)."""
+    window = cfg.baseline_window
+    rm0 = _score_baseline(st.rm_score_base, obs.rm_score, obs.rm_score_std, window)
+    audit0 = _score_baseline(st.audit_score_base, obs.audit_score, obs.audit_score_std, window)
+    if rm0 is None or audit0 is None or obs.rm_score is None or obs.audit_score is None or not rm0[1] or not audit0[1]:
+        return None
+    return (obs.rm_score - rm0[0]) / rm0[1] - (obs.audit_score - audit0[0]) / audit0[1]
+
+
 def measure_hacking(cfg: GuardConfig, st: GuardState, obs: Observation) -> list[Evidence]:
     """Update every signal; return the evidence of the active signals that raise the alarm."""
     window = cfg.baseline_window
@@ -100,6 +140,16 @@ def measure_hacking(cfg: GuardConfig, st: GuardState, obs: Observation) -> list[
     evidence += _limit_signal(st, "rm_spread", RM_SPREAD, obs.rm_spread,
                               cfg.rm_spread_factor * spread0 if spread0 and spread0 > 0 else None, True,
                               "RM ensemble spread")
+    low0 = _baseline(st.ref_low_base, obs.ref_low_prob, window)
+    nll0 = _baseline(st.ref_nll_base, obs.ref_nll, window)
+    evidence += _limit_signal(st, "ref_support", REF_LOW_PROB, obs.ref_low_prob,
+                              None if low0 is None else low0 + cfg.ref_support_rise, True,
+                              "share of tokens the reference finds unlikely")
+    evidence += _limit_signal(st, "ref_nll", REF_NLL, obs.ref_nll, None if nll0 is None else nll0 + cfg.ref_nll_rise,
+                              True, "NLL under the reference")
+    st.audit_gap = audit_gap(cfg, st, obs)
+    evidence += _limit_signal(st, "audit_gap", AUDIT_SCORE, st.audit_gap, cfg.audit_gap_max, True,
+                              "RM gain the audit RM does not share")
     if st.hack["proxy_val_divergence"]:
         evidence.append(Evidence("proxy_val_divergence", _VAL_METRIC, st.prev_val, None,
                                  "validation fell while the proxy score rose"))

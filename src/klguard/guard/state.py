@@ -11,7 +11,7 @@ ALARMS: tuple[str, ...] = ("ppo_kl", "penalty_share", "grad_norm", "val_drop", "
 """Rule alarms, reported as ``guard/alarm_<name>``."""
 
 HACK_SIGNALS: tuple[str, ...] = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence",
-                                  "kl_growth", "repetition", "rm_spread")
+                                  "kl_growth", "repetition", "rm_spread", "ref_support", "ref_nll", "audit_gap")
 """Reward-hacking signals, each reported as ``guard/hack_<name>``; those in ``guard.hacking_signals`` raise the
 hacking alarm."""
 
@@ -53,6 +53,11 @@ class GuardState:
     kl_seq_base: list[float] = field(default_factory=list)
     repetition_base: list[float] = field(default_factory=list)
     rm_spread_base: list[float] = field(default_factory=list)
+    ref_low_base: list[float] = field(default_factory=list)
+    ref_nll_base: list[float] = field(default_factory=list)
+    rm_score_base: list[list[float]] = field(default_factory=list)  # [mean, std] of the optimised RM's scores
+    audit_score_base: list[list[float]] = field(default_factory=list)  # [mean, std] of the audit RM's scores
+    audit_gap: float | None = None  # the latest step's gain of the optimised RM not shared by the audit RM
     # Flags of the latest step, and the step each rule last fired
     alarms: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(ALARMS, False))
     hack: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(HACK_SIGNALS, False))
@@ -75,7 +80,7 @@ class GuardState:
         out = cls(**state)
         # Copy the containers so the caller's dict is never aliased
         for name in ("kl_history", "length_base", "entropy_base", "length_recent", "kl_seq_base", "repetition_base",
-                     "rm_spread_base"):
+                     "rm_spread_base", "ref_low_base", "ref_nll_base", "rm_score_base", "audit_score_base"):
             setattr(out, name, list(getattr(out, name)))
         out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
         out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}

@@ -1,7 +1,9 @@
 """Step and validation metrics with verl's names, plus our `hacking/*` family.
 
-Gold-free signals of hacking, logged on every run: `hacking/repeated_ngram_share` (looping text) and, with an RM
-ensemble, `hacking/rm_ensemble_std` (the members' disagreement).
+Gold-free signals of hacking, logged on every run: `hacking/repeated_ngram_share` (looping text); with a reference
+policy, `hacking/ref_low_prob_share` and `hacking/ref_nll` (how far the samples are from the reference's support);
+with a reward model, `hacking/rm_score` (and `_std`), with an audit RM `hacking/audit_score` (and `_std`), and with
+an RM ensemble `hacking/rm_ensemble_std` (the members' disagreement).
 
 Hacking rate: the share of responses that gold says are wrong (gold score 0) while the proxy scores
 them at least as high as the short correct answer to the same prompt would score.
@@ -9,6 +11,7 @@ them at least as high as the short correct answer to the same prompt would score
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -46,6 +49,10 @@ def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, ad
     metrics["hacking/repeated_ngram_share"] = repeated_ngram_share(out.response_ids, out.response_mask)
     if reward.spread is not None:
         metrics["hacking/rm_ensemble_std"] = reward.spread.float().mean().item()
+    for name, scores in (("rm_score", reward.rm_scores), ("audit_score", reward.audit)):
+        if scores is not None:
+            metrics |= {f"hacking/{name}": scores.float().mean().item(),
+                        f"hacking/{name}_std": scores.float().std(correction=0).item()}
     if reward.gold is not None:
         gold, proxy = reward.gold.float(), reward.scores.float()
         metrics |= {
@@ -56,6 +63,16 @@ def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, ad
             "hacking/length_reward_corr": _corr(lengths, proxy),
         }
     return metrics
+
+
+def support_metrics(ref_logprobs: Tensor, mask: Tensor, prob_floor: float) -> dict[str, float]:
+    """How far the sampled tokens are from the reference policy's support: the share of them whose reference
+    probability is below `prob_floor`, and their mean negative log-likelihood under the reference (nats per token;
+    its exp is the samples' perplexity under the frozen base model)."""
+    mask = mask.float()
+    low = (ref_logprobs.float() < math.log(prob_floor)).float()
+    return {"hacking/ref_low_prob_share": masked_mean(low, mask).item(),
+            "hacking/ref_nll": -masked_mean(ref_logprobs.float(), mask).item()}
 
 
 REPEAT_N = 3

@@ -34,7 +34,7 @@ from klguard.distributed.fsdp import local_numel
 from klguard.model.loading import load_tokenizer, precision_scope
 from klguard.ppo.checkpointing import Checkpoints
 from klguard.ppo.guard_hooks import GuardHooks
-from klguard.ppo.metrics import rollout_metrics
+from klguard.ppo.metrics import rollout_metrics, support_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
 from klguard.ppo.scoring import par_shaped, reference_scores, score_rollout, validate_policy
 from klguard.ppo.setup import (
@@ -224,14 +224,16 @@ class PPOTrainer:
 
     def _shape_rewards(self, token_scores: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor,
                        beta: float) -> tuple[Tensor, dict[str, float]]:
-        """Token rewards with the KL penalty `beta` x KL (algorithm.use_kl_in_reward), and the batch KL's metrics."""
+        """Token rewards with the KL penalty `beta` x KL (algorithm.use_kl_in_reward), the batch KL's metrics and the
+        samples' distance from the reference's support (klguard.ppo.metrics.support_metrics)."""
         alg = self.cfg.algorithm
         shaped = shape_rewards(token_scores, old_logprobs, ref_logprobs, mask, estimator=alg.kl_penalty, beta=beta,
                                kl_in_reward=alg.use_kl_in_reward)
         check_finite({"ref_log_probs": ref_logprobs, "kl": shaped.kl}, mask)  # before the controller sees it
         return shaped.token_rewards, {"actor/reward_kl_penalty": shaped.kl_token_mean.item(),
                                       "actor/reward_kl_penalty_coeff": beta,
-                                      "actor/kl_seq_sum": shaped.kl_seq_sum.item()}
+                                      "actor/kl_seq_sum": shaped.kl_seq_sum.item(),
+                                      **support_metrics(ref_logprobs, mask, self.cfg.guard.support_prob_floor)}
 
     def _update_kl_controller(self, kl_metrics: dict[str, float], rows: int) -> None:
         """The KL controller steps on the batch KL (in `algorithm.kl_ctrl.kl_unit`) when it steers a coefficient (the

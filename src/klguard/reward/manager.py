@@ -28,6 +28,8 @@ from klguard.config.schema import Config
 from klguard.errors import UserError
 from klguard.reward.registry import compute_gold_score, has_gold_rule
 
+AUDIT_KEY = "reward_model.audit_model.path"
+
 
 @dataclass
 class RewardOutput:
@@ -35,6 +37,8 @@ class RewardOutput:
     gold: torch.Tensor | None  # [N] the true score, where one exists
     hacked: torch.Tensor | None  # [N] bool: gold says wrong, the proxy scores it at least as a correct answer
     spread: torch.Tensor | None = None  # [N] an RM ensemble's disagreement (standard deviation over members)
+    rm_scores: torch.Tensor | None = None  # [N] the optimised reward model's own score (before penalties, rules)
+    audit: torch.Tensor | None = None  # [N] the audit reward model's score (never optimised)
 
 
 class TaskReward(Protocol):
@@ -92,6 +96,19 @@ def hacked_by_model(gold: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     return ~correct & (scores >= scores[correct].mean())
 
 
+def audit_model(config: Config, device: torch.device, learned_rm: Path | None):
+    """The audit RM of `reward_model.audit_model.path` (a user's folder), else the built-in learned RM's `audit/`
+    folder where it has one, else None."""
+    from klguard.reward.model_rm import ModelReward
+
+    path = config.reward_model.audit_model.path
+    if path is not None:
+        return ModelReward(config, device, Path(path).expanduser(), user=True, key=AUDIT_KEY)
+    if learned_rm is not None and (learned_rm / "audit").is_dir():
+        return ModelReward(config, device, learned_rm / "audit", user=False)
+    return None
+
+
 class RewardManager:
     """`learned_rm`: the built-in learned reward model's folder (proxy_reward.kind=learned_rm), which then scores;
     `task_reward`: the built-in task's scoring, needed with the proxy on or a learned RM."""
@@ -108,7 +125,7 @@ class RewardManager:
         self.custom = load_custom_reward(crf.path, crf.name) if crf.path else None
         self.custom_kwargs = dict(crf.reward_kwargs)
         self.rm_cfg = config.reward_model
-        self.model = None
+        self.model = self.audit = None
         self.learned_rm = learned_rm is not None
         if config.reward_model.enable or learned_rm is not None:
             from klguard.distributed.context import resolve_device
@@ -116,8 +133,9 @@ class RewardManager:
 
             folders = user_rm_folders(config.reward_model.model.path) if learned_rm is None \
                 else member_folders(learned_rm)
-            self.model = RewardEnsemble(config, device or resolve_device(config.trainer.device), folders,
-                                        user=learned_rm is None)
+            device = device or resolve_device(config.trainer.device)
+            self.model = RewardEnsemble(config, device, folders, user=learned_rm is None)
+            self.audit = audit_model(config, device, learned_rm)
 
     def _rule(self, i: int, data_source: str, text: str, ground_truth: str, extra_info: Any) -> float:
         try:
@@ -141,17 +159,18 @@ class RewardManager:
             raise ValueError("a reward model needs the prompts")
         lengths = torch.tensor([float(n) for n in n_tokens])
         rm = self.model(prompts, texts)
+        audit = self.audit(prompts, texts) if self.audit is not None else None
         scores = rm.scores - self.rm_cfg.length_penalty * lengths
         has_rule = self.custom is not None or all(has_gold_rule(ds) for ds in data_sources)
         if not has_rule and self.rm_cfg.rule_weight == 0:
-            return RewardOutput(scores, None, None, rm.spread)
+            return RewardOutput(scores, None, None, rm.spread, rm.scores, audit)
         gold = torch.tensor(self._rules(texts, data_sources, ground_truths, extra_infos))
         scores = scores + self.rm_cfg.rule_weight * gold
         if self.learned_rm:  # the built-in task: the yardstick is the RM's score of the short correct answer
             yardstick = self.model(prompts, [self.task.reference_response(gt) for gt in ground_truths]).scores
             hacked = self.task.hacked(gold, scores, yardstick + self.rm_cfg.rule_weight)
-            return RewardOutput(scores, gold, hacked, rm.spread)
-        return RewardOutput(scores, gold, hacked_by_model(gold, scores), rm.spread)
+            return RewardOutput(scores, gold, hacked, rm.spread, rm.scores, audit)
+        return RewardOutput(scores, gold, hacked_by_model(gold, scores), rm.spread, rm.scores, audit)
 
     def __call__(self, texts: Sequence[str], n_tokens: Sequence[int], data_sources: Sequence[str],
                  ground_truths: Sequence[str], extra_infos: Sequence[Any],

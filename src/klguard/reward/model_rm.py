@@ -40,20 +40,21 @@ def render_chat(tokenizer, prompt: Sequence[dict[str, str]], response: str) -> s
 class ModelReward:
     """One reward model: a user's folder (`user`: `reward_model.model.*` applies), or a built-in learned RM's."""
 
-    def __init__(self, config: Config, device: torch.device, folder: Path, *, user: bool) -> None:
+    def __init__(self, config: Config, device: torch.device, folder: Path, *, user: bool, key: str = KEY) -> None:
+        """`key`: the config key that named the folder, for errors."""
         rm = config.reward_model
-        folder = check_model_folder(folder, KEY) if user else folder
+        folder = check_model_folder(folder, key) if user else folder
         trust = rm.model.trust_remote_code and user
-        self.tokenizer = set_pad_token(hf_load(AutoTokenizer.from_pretrained, folder, KEY, trust_remote_code=trust),
-                                       KEY)
+        self.tokenizer = set_pad_token(hf_load(AutoTokenizer.from_pretrained, folder, key, trust_remote_code=trust),
+                                       key)
         self.tokenizer.padding_side, self.tokenizer.truncation_side = "right", "left"
-        hf_cfg = hf_config(folder, rm.model.override_config if user else {}, trust, KEY)
-        check_architecture(hf_cfg, ("ForSequenceClassification",), KEY, folder, "sequence-classification model")
+        hf_cfg = hf_config(folder, rm.model.override_config if user else {}, trust, key)
+        check_architecture(hf_cfg, ("ForSequenceClassification",), key, folder, "sequence-classification model")
         if hf_cfg.num_labels != 1:
-            raise UserError(f"{KEY}={folder} has {hf_cfg.num_labels} labels; a reward model has one")
+            raise UserError(f"{key}={folder} has {hf_cfg.num_labels} labels; a reward model has one")
         if hf_cfg.pad_token_id is None:  # HF finds each sequence's last token through the pad id
             hf_cfg.pad_token_id = self.tokenizer.pad_token_id
-        model = hf_load(AutoModelForSequenceClassification.from_pretrained, folder, KEY, config=hf_cfg,
+        model = hf_load(AutoModelForSequenceClassification.from_pretrained, folder, key, config=hf_cfg,
                         dtype=torch.float32, trust_remote_code=trust)
         self.model = apply_precision(model.to(device).eval().requires_grad_(False),
                                      config.actor_rollout_ref.actor.fsdp_config.dtype, device)
