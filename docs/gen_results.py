@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         stale += [f"docs/generated/{p.name}" for p in OUT.glob("*.md") if p.name not in pages]
         stale += ["README.md"] if README.read_text() != readme_text() else []
         for name in stale:
-            print(f"{name} is not what docs/gen_results.py writes from benchmarks/results: run python docs/gen_results.py")
+            print(f"{name} is not what the JSON gives: run python docs/gen_results.py")
         return 1 if stale else 0
     OUT.mkdir(parents=True, exist_ok=True)
     for name, text in pages.items():

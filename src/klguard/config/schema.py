@@ -113,7 +113,9 @@ class KLCtrlConfig:
         rule=non_negative,
     )
     horizon: int = opt(10000, "Adaptive controller horizon in rollouts", rule=greater(0))
-    target_kl: float = opt(0.015, "Controller's KL target in kl_unit (verl: 0.1; 0.015: guard.default_target_kl up to 32 nodes)", rule=positive)
+    target_kl: float = opt(
+        0.015, "Controller's KL target in kl_unit (verl: 0.1; 0.015: guard.default_target_kl up to 32 nodes)",
+        rule=positive)
     kl_unit: KLUnit = opt("token_mean", "KL the controller sees: " + choices(
         KLUnit, token_mean="verl, per token", seq_sum="per sequence, as TRL") + " (ours)")
     kp: float = opt(0.5, "pid: proportional gain on log(KL / target)", rule=non_negative)

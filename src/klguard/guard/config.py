@@ -39,8 +39,8 @@ class GuardConfig:
 
     # Rule 2: share of the KL penalty in the reward
     penalty_share_max: float = opt(
-        0.5, "beta*KL per sequence / |mean score| above this: raise kl_coef (at 0.2 it ratcheted beta on the demo)", rule=_POSITIVE
-    )
+        0.5, "beta*KL per sequence / |mean score| above this: raise kl_coef (at 0.2 it ratcheted beta on the demo)",
+        rule=_POSITIVE)
     kl_coef_raise_factor: float = opt(1.5, "kl_coef multiplier of the penalty-share rule", rule=_FACTOR)
     kl_coef_max: float = opt(
         10.0, "A kl_coef raise that would reach this pauses the run instead (no ratchet)", rule=_POSITIVE)
