@@ -159,7 +159,7 @@ def matrix_cells() -> str:
     parts = []
     for cell, by_name in data["means"].items():
         seeds = max(m["seeds"] for m in by_name.values())
-        parts.append(f"#### {cell} (means over {seeds} PPO seeds)\n")
+        parts.append(f"**{cell}** (means over {seeds} PPO seeds)\n")
         names = [n for n in MATRIX_ORDER if n in by_name] + sorted(set(by_name) - set(MATRIX_ORDER))
         rows = [[f"{label(n)} (`{n}`)", *(g4(by_name[n][c]) for c in columns), by_name[n]["seeds"]] for n in names]
         parts.append(table(["contender", *columns, "seeds"], rows))
