@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = ROOT / "docs" / "generated"
-HEADER = "<!-- written by docs/gen_results.py from {source}: edit the JSON or the script, not this file -->\n\n"
+HEADER = "<!-- written by docs/gen_results.py from {source}: edit that or the script, not this file -->\n\n"
 
 # What each benchmark contender is (its id is the name `benchmarks/hacking.py --only` takes).
 LABELS = {
@@ -332,6 +332,50 @@ def guard_keys() -> str:
     return table(["key", "default", "what it does (and what measured it)"], rows)
 
 
+def config_keys() -> str:
+    """Every key klguard implements, its default and its one-line description (`klguard train --describe-config`)."""
+    from klguard.config.loader import config_to_dict, schema_fields
+    from klguard.config.schema import Config
+
+    values = dict(_flat(config_to_dict(Config())))
+    sections: dict[str, list[list[str]]] = {}
+    for path, f in schema_fields():
+        value = values.get(path, {} if f.type in ("dict", dict) else None)
+        shown = "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
+        sections.setdefault(path.split(".")[0], []).append(
+            [f"`{path}`", f"`{shown}`", f.metadata.get("help", "").replace("|", "\\|")])
+    return "\n".join(f"### {name}\n\n" + table(["key", "default", "description"], rows)
+                     for name, rows in sections.items())
+
+
+def verl_ignored() -> str:
+    """verl's keys that klguard accepts and does not implement, by section (listed in the one warning)."""
+    from klguard.config.loader import schema_fields
+    from klguard.config.verl_keys import RENAMED, verl_keys
+
+    ours = {path for path, _ in schema_fields()}
+    renamed = tuple(RENAMED)  # verl 0.9.1's spellings: listed under klguard's name, implemented or not
+    ignored = sorted(k for k in verl_keys() if k not in ours and not any(k.startswith(o + ".") for o in ours)
+                     and not any(k == r or k.startswith(r + ".") for r in renamed))
+    groups: dict[str, list[str]] = {}
+    for key in ignored:
+        parts = key.split(".")
+        head = ".".join(parts[:2]) if len(parts) > 2 else parts[0]
+        groups.setdefault(head, []).append(key[len(head) + 1:] if key != head else "")
+    lines = [f"- `{head}` ({len(rest)}): " + (", ".join(f"`{r}`" for r in rest if r) or "the key itself")
+             for head, rest in groups.items()]
+    return (f"{len(ignored)} keys of verl's two releases are accepted and not implemented:\n\n"
+            + "\n".join(lines) + "\n")
+
+
+def _flat(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
 PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "demo_seeds.md": ("benchmarks/results/hacking_demo_seeds.json", demo_seeds),
     "matrix_overview.md": ("benchmarks/results/hacking.json", matrix_overview),
@@ -347,6 +391,8 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "tp_rollout.md": ("benchmarks/results/tp_rollout.json", tp_rollout),
     "soak.md": ("benchmarks/results/soak.json", soak),
     "guard_keys.md": ("src/klguard/guard/config.py", guard_keys),
+    "config_keys.md": ("src/klguard/config/ (the schema)", config_keys),
+    "verl_ignored.md": ("src/klguard/resources/verl*_keys.txt and the schema", verl_ignored),
 }
 
 
