@@ -332,6 +332,22 @@ def guard_keys() -> str:
     return table(["key", "default", "what it does (and what measured it)"], rows)
 
 
+def guard_actions() -> str:
+    from klguard.guard.actions import ACTION_KINDS
+
+    return table(["action", "what the trainer does (the record's old and new values)"],
+                 [[f"`{kind}`", text] for kind, text in ACTION_KINDS.items()])
+
+
+def guard_signals() -> str:
+    from klguard.guard.config import DEFAULT_HACKING_SIGNALS
+    from klguard.guard.state import HACK_SIGNALS
+
+    return table(["signal", "raises the alarm by default", "logged as"],
+                 [[f"`{name}`", "yes" if name in DEFAULT_HACKING_SIGNALS else "no (logged only)",
+                   f"`guard/hack_{name}`"] for name in HACK_SIGNALS])
+
+
 def config_keys() -> str:
     """Every key klguard implements, its default and its one-line description (`klguard train --describe-config`)."""
     from klguard.config.loader import config_to_dict, schema_fields
@@ -391,6 +407,8 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "tp_rollout.md": ("benchmarks/results/tp_rollout.json", tp_rollout),
     "soak.md": ("benchmarks/results/soak.json", soak),
     "guard_keys.md": ("src/klguard/guard/config.py", guard_keys),
+    "guard_actions.md": ("src/klguard/guard/actions.py", guard_actions),
+    "guard_signals.md": ("src/klguard/guard/state.py and config.py", guard_signals),
     "config_keys.md": ("src/klguard/config/ (the schema)", config_keys),
     "verl_ignored.md": ("src/klguard/resources/verl*_keys.txt and the schema", verl_ignored),
 }

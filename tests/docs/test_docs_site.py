@@ -37,6 +37,13 @@ def test_readme_is_a_front_door() -> None:
     assert len(lines) <= 250, f"README.md has {len(lines)} lines; the rest belongs in docs/"
 
 
+def test_readme_links_point_at_files() -> None:
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", readme) + re.findall(r'src="([^"]+)"', readme)
+    targets = [t.split("#")[0] for t in links if "://" not in t]
+    assert targets and not [t for t in targets if not (ROOT / t).exists()]
+
+
 def test_readme_test_command_is_the_one_ci_runs() -> None:
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("pip install")]
     assert len(ci) == 1
