@@ -7,7 +7,7 @@ The matrix: exploits {length, learned_rm} (proxy_reward.kind) x SFT policies {0,
 trained and cached on first use) x PPO seeds {1, 2} x the contenders in MATRIX. Each contender is a config override
 set (klguard/builtin/recipes.py); every run is an ordinary `klguard train` in
 benchmarks/results/hacking/<exploit>/sft<k>/<contender>_s<seed>/ (`klguard report` reads it).
-Writes benchmarks/results/hacking.json: every run's figures, means per cell and contender, and the issue's targets
+Writes benchmarks/results/hacking.json: every run's figures, means per cell and contender, and the targets
 per cell (the guarded default against the oracle fixed beta and verl's default); prints one table per cell.
 
 Figures per run: final and best validation gold (greedy, held-out), the rollout hacking rate and the
@@ -33,7 +33,7 @@ from klguard.commands.sweep import Job, default_parallel, run_jobs
 
 
 def _controller(kind: str, target: float) -> tuple[str, ...]:
-    if kind == "adaptive":  # the seed's adaptive recipe at this target
+    if kind == "adaptive":  # adaptive, beta0 0.0005, horizon 10000, k3, at this target
         key = "algorithm.kl_ctrl.target_kl="
         return tuple(f"{key}{target}" if o.startswith(key) else o for o in SEED_RECIPE)
     return ("algorithm.kl_ctrl.type=pid", f"algorithm.kl_ctrl.target_kl={target}", "algorithm.kl_ctrl.kl_coef=0.05",
@@ -62,8 +62,8 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     # the guard over the PI controller with k3, target 0.03 (an earlier measurement's best trade-off)
     "guarded_pid": ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.target_kl=0.03",
                     "algorithm.kl_penalty=low_var_kl"),
-    "guarded_warmup0": (*GUARDED_DEFAULT, "guard.warmup_kl_coef=0"),  # the seed's warm-up: beta 0 for 20% of steps
-    # the seed's claim: target_kl 0.015 hacks ~40% less than 0.03, with a better true score
+    "guarded_warmup0": (*GUARDED_DEFAULT, "guard.warmup_kl_coef=0"),  # a warm-up at beta 0 for 20% of steps
+    # the claim that target_kl 0.015 hacks ~40% less than 0.03, with a better true score
     # (adaptive at 0.015 is seed_recipe itself)
     "adaptive_0.03": _controller("adaptive", 0.03),
     "pid_0.015": _controller("pid", 0.015),
@@ -79,7 +79,8 @@ FIGURES = (
 
 
 MATRIX = ("guarded", "verl_default", "seed_recipe", "fixed_0.03", "fixed_0.1", "fixed_0.3", "fixed_1.0")
-"""The issue's contenders: the guarded default, verl's default, the seed's recipe and the fixed-beta sweep."""
+"""The matrix's contenders: the guarded default, verl's default, adaptive 0.015 with horizon 10000 (seed_recipe) and
+the fixed-beta sweep."""
 ORACLE_POOL = ("fixed_0.03", "fixed_0.1", "fixed_0.3", "fixed_1.0")
 """Fixed betas, guard off: the best of them per cell (by final gold) is what a user could only find by sweeping."""
 
@@ -190,7 +191,7 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
 
 
 def _targets(means: dict) -> dict:
-    """The issue's targets in one cell: the guarded default against the oracle fixed beta and verl's default."""
+    """The targets in one cell: the guarded default against the oracle fixed beta and verl's default."""
     pool = {n: means[n]["final_gold"] for n in ORACLE_POOL if n in means and means[n]["final_gold"] is not None}
     if "guarded" not in means or not pool:
         return {}
@@ -213,7 +214,7 @@ COLUMNS = ("final_gold", "best_gold", "hacking_rate", "val_hacking_rate", "final
 
 
 def _print_overview(result: dict) -> None:
-    """One row per cell: the issue's targets (Markdown, as README shows it)."""
+    """One row per cell: the targets (Markdown; docs/results.md shows them from the JSON)."""
     print("\n| cell | guarded final gold | oracle fixed beta (final gold) | verl default | guarded hacking "
           "(rollouts) | verl hacking | gold >= oracle - 0.01 | hacking <= 0.05 and <= 0.1x verl |")
     print("|---|---|---|---|---|---|---|---|")
@@ -228,7 +229,7 @@ def _print_overview(result: dict) -> None:
 
 
 def _print_tables(result: dict) -> None:
-    """Per cell: each contender's means over the PPO seeds (Markdown, as README shows them), then the targets."""
+    """Per cell: each contender's means over the PPO seeds (Markdown), then the targets."""
     for cell, by_name in result["means"].items():
         print(f"\n### {cell} (means over {max(m['seeds'] for m in by_name.values())} PPO seeds)\n")
         print("| contender | " + " | ".join(COLUMNS) + " |")

@@ -1,4 +1,4 @@
-"""How fast this machine's `torch.mm` runs the throughput benchmark's own matrix shapes, in isolation (issue #8).
+"""How fast this machine's `torch.mm` runs the throughput benchmark's own matrix shapes, in isolation.
 
 The throughput benchmark's efficiency divides a step's FLOPs by the best square-ish matmul rate of the run. This
 script times every linear-layer shape a step multiplies, alone and hot in cache, against that rate:

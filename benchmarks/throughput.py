@@ -1,4 +1,4 @@
-"""Throughput of klguard against Hugging Face TRL, side by side on this machine (issue #8).
+"""Throughput of klguard against Hugging Face TRL, side by side on this machine.
 
     python benchmarks/throughput.py            # everything (creates the TRL venv on the first run)
     python benchmarks/throughput.py --quick    # 1 warm-up + 3 steps, scaling on the tiny workload only

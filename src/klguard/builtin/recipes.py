@@ -8,7 +8,7 @@ VERL_DEFAULT: tuple[str, ...] = (
     "algorithm.use_kl_in_reward=true", "actor_rollout_ref.actor.use_kl_loss=false", "guard.enable=false",
 )
 SEED_RECIPE: tuple[str, ...] = (
-    # the seed document's recipe without the guard: adaptive, target 0.015, beta0 0.0005, horizon 10000, k3
+    # adaptive target 0.015 with horizon 10000, no guard: adaptive, target 0.015, beta0 0.0005, horizon 10000, k3
     "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0.015", "algorithm.kl_ctrl.kl_coef=0.0005",
     "algorithm.kl_ctrl.horizon=10000", "algorithm.kl_penalty=low_var_kl", "algorithm.use_kl_in_reward=true",
     "actor_rollout_ref.actor.use_kl_loss=false", "guard.enable=false",

@@ -8,7 +8,7 @@ Two layouts of the policy weights are read, both merged into one full state dict
 
 - `hf`: an HF folder (`actor/` today: klguard checkpoints are unsharded);
 - `dcp`: a `torch.distributed.checkpoint` folder (a `.metadata` file and `*.distcp` shards, as
-  FSDP2 writes them, issue #6), with the model's `config.json` and tokenizer beside the shards or in
+  FSDP2 writes them), with the model's `config.json` and tokenizer beside the shards or in
   a `huggingface/` sub-folder as verl writes them. The shards are merged offline on one process;
   the model's tensors may sit at the top level or under a `model` key.
 """

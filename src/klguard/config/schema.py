@@ -1,7 +1,7 @@
 """The typed configuration schema: verl's key tree for what klguard implements, plus our own sections.
 
 Every field carries a one-line description in its metadata (`help`). Defaults follow verl's
-(`shared/reference/verl_ppo_trainer_keys.txt`) unless the description says why we differ; most
+(verl 0.9.1's generated `ppo_trainer.yaml`) unless the description says why we differ; most
 differences size the built-in demo so that `klguard train` with no arguments runs on a laptop CPU.
 Strings of the form `${...}` are OmegaConf interpolations, as in verl.
 
@@ -113,7 +113,9 @@ class KLCtrlConfig:
         rule=non_negative,
     )
     horizon: int = opt(10000, "Adaptive controller horizon in rollouts", rule=greater(0))
-    target_kl: float = opt(0.015, "Controller's KL target in kl_unit (verl: 0.1; the seed: 0.015)", rule=positive)
+    target_kl: float = opt(
+        0.015, "Controller's KL target in kl_unit (verl: 0.1; 0.015: guard.default_target_kl up to 32 nodes)",
+        rule=positive)
     kl_unit: KLUnit = opt("token_mean", "KL the controller sees: " + choices(
         KLUnit, token_mean="verl, per token", seq_sum="per sequence, as TRL") + " (ours)")
     kp: float = opt(0.5, "pid: proportional gain on log(KL / target)", rule=non_negative)

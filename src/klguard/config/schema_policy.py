@@ -173,7 +173,7 @@ class ActorProfilerConfig:
 @dataclass
 class PolicyLossConfig:
     loss_mode: str = opt(
-        "vanilla", "Policy loss (see README): " + ", ".join(policy_loss_names()),
+        "vanilla", "Policy loss (docs/training.md): " + ", ".join(policy_loss_names()),
         rule=Rule(lambda v: v in policy_loss_names(), "must be one of: " + ", ".join(policy_loss_names())))
     clip_cov_ratio: float = opt(0.0002, "clip_cov: share of the valid tokens whose gradient is cut",
                                 rule=interval("(0, 1]"))
@@ -291,8 +291,8 @@ class RolloutConfig:
         "the policy gathered once a step, the actor's tensor_parallel_size = generation on the tp shards "
         "(verl: 2, vLLM's); no effect without tensor parallelism", rule=at_least(1))
     pipeline_model_parallel_size: int = opt(
-        1, "Pipeline stages: klguard has no pipeline parallelism (README: FSDP3D says why), so only 1",
-        rule=Rule(lambda v: v == 1, "must be 1: klguard has no pipeline parallelism (README, FSDP3D)"))
+        1, "Pipeline stages: klguard has no pipeline parallelism (docs/distributed.md says why), so only 1",
+        rule=Rule(lambda v: v == 1, "must be 1: klguard has no pipeline parallelism (docs/distributed.md)"))
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling settings at validation")
 
     def check(self, key: str) -> None:

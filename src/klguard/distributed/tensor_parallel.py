@@ -1,4 +1,4 @@
-"""Tensor parallelism inside FSDP2 (`strategy: fsdp_turbo`, the seed document's FSDP3D without the pipeline).
+"""Tensor parallelism inside FSDP2 (`strategy: fsdp_turbo`: FSDP3D, FSDP2 x tensor parallelism, without the pipeline).
 
 Each decoder layer is split over the `tp` ranks of the mesh with DTensor's `parallelize_module`, as torchtitan's
 `parallelize_llama`: q/k/v, gate and up by columns (each rank holds whole attention heads and a slice of the

@@ -1,7 +1,7 @@
 """The KL guard: a standalone monitor that turns a run's metrics into logged, automatic actions.
 
-Metrics in (a dict with verl's names), actions out (:class:`Action` records); the trainer applies
-them, usually through a :class:`GuardSession` that carries them out on a :class:`GuardHost`. Pure Python: usable
+Metrics in (a dict with verl's names), actions out (`Action` records); the trainer applies
+them, usually through a `GuardSession` that carries them out on a `GuardHost`. Pure Python: usable
 from any trainer.
 
     guard = KLGuard(GuardConfig(), total_steps=200, target_kl=0.015, kl_coef=0.001)

@@ -25,8 +25,8 @@ _FACTOR, _STEPS, _COUNT = at_least(1), at_least(1), at_least(0)
 
 @dataclass
 class GuardConfig:
-    """Thresholds and responses of the guard's rules. Defaults: the seed document's values, except where
-    a field's help says otherwise (calibrated on the built-in demo; README lists the measurements)."""
+    """Thresholds and responses of the guard's rules. Where a field's help names a measurement, the default was
+    calibrated on the built-in demo (docs/guard.md lists the measurements)."""
 
     enable: bool = opt(True, "Run the KL guard (false: plain verl behaviour, observe() returns no actions)")
 
@@ -34,13 +34,13 @@ class GuardConfig:
     ppo_kl_max: float = opt(0.025, "actor/ppo_kl above this: warn and cut the lr", rule=_POSITIVE)
     lr_cut_factor: float = opt(0.5, "Each lr cut multiplies the lr scale by this", rule=_SHARE)
     lr_floor_scale: float = opt(
-        0.25, "The lr scale never goes below this share of the lr (was 0.05; no ratchet)", rule=_SHARE)
+        0.25, "The lr scale never goes below this share of the lr (bounded tightening: no ratchet)", rule=_SHARE)
     patience: int = opt(5, "Consecutive steps with actor/ppo_kl above the max: pause", rule=_STEPS)
 
     # Rule 2: share of the KL penalty in the reward
     penalty_share_max: float = opt(
-        0.5, "beta*KL per sequence / |mean score| above this: raise kl_coef (seed: 0.2: ratchets beta)", rule=_POSITIVE
-    )
+        0.5, "beta*KL per sequence / |mean score| above this: raise kl_coef (at 0.2 it ratcheted beta on the demo)",
+        rule=_POSITIVE)
     kl_coef_raise_factor: float = opt(1.5, "kl_coef multiplier of the penalty-share rule", rule=_FACTOR)
     kl_coef_max: float = opt(
         10.0, "A kl_coef raise that would reach this pauses the run instead (no ratchet)", rule=_POSITIVE)
@@ -58,7 +58,7 @@ class GuardConfig:
 
     # Rule 5: KL to the reference, rollbacks
     kl_hard_limit: float = opt(
-        0.1, "KL to the reference above this: roll back (seed: 0.05, exceeded by healthy early learning)",
+        0.1, "KL to the reference above this: roll back (healthy early learning on the demo reaches 0.05)",
         rule=_POSITIVE,
     )
     target_kl_step: float = opt(0.005, "How much a rollback or a KL spike lowers target_kl", rule=_POSITIVE)
@@ -89,7 +89,7 @@ class GuardConfig:
     # Rule 7: warm-up
     warmup_ratio: float = opt(0.2, "Share of total steps during which kl_coef is frozen", rule=interval("[0, 1]"))
     warmup_kl_coef: float | None = opt(
-        None, "kl_coef held during warm-up (null: no freeze; the seed's 0 lets runs hack)",
+        None, "kl_coef held during warm-up (null: no freeze; a freeze at 0 changed nothing measurable on the demo)",
         rule=at_least(0, or_null=True),
     )
 
@@ -155,7 +155,7 @@ class GuardConfig:
 
 
 def default_target_kl(nnodes: int) -> float:
-    """The seed's scale rule: target_kl 0.015 up to 32 nodes (8 GPUs each), 0.01 beyond."""
+    """The scale rule: target_kl 0.015 up to 32 nodes (8 GPUs each), 0.01 beyond."""
     if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
         raise ValueError(f"nnodes must be an integer >= 1, got {nnodes!r}")
     return 0.015 if nnodes <= 32 else 0.01

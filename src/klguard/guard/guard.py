@@ -38,7 +38,7 @@ class KLGuard:
     """Watches a run's metrics and returns the actions that keep its KL, and its reward, honest.
 
     ``target_kl`` and ``kl_coef`` are the controller's starting values (``algorithm.kl_ctrl``);
-    ``target_kl`` defaults to :func:`default_target_kl` for one node, ``kl_coef`` is learnt from
+    ``target_kl`` defaults to `default_target_kl` for one node, ``kl_coef`` is learnt from
     ``actor/reward_kl_penalty_coeff`` when not given. ``kl_controlled=False`` says no controller
     pursues ``target_kl`` (a fixed coefficient): the slow-control rule, which speeds up a
     controller, then stays off instead of acting as a second, ratcheting controller.
@@ -266,5 +266,5 @@ class KLGuard:
         return self._st.to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict`; the guard then continues as if never interrupted."""
+        """Restore a state from `state_dict`; the guard then continues as if never interrupted."""
         self._st = GuardState.from_dict(dict(state))

@@ -111,7 +111,7 @@ def measure_penalty_share(cfg: GuardConfig, st: GuardState, obs: Observation) ->
 
 
 def act_penalty_share(cfg: GuardConfig, st: GuardState, step: int) -> list[Action]:
-    """The seed's rule: penalty share above ``penalty_share_max`` -> raise kl_coef.
+    """The penalty-share rule: penalty share above ``penalty_share_max`` -> raise kl_coef.
 
     Odd at first sight (a large share means KL is already expensive), but it reads: the policy pays
     a lot of KL for its reward, i.e. it is drifting from the reference faster than the penalty holds

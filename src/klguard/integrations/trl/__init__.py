@@ -1,4 +1,4 @@
-"""klguard's guard for TRL (extra ``klguard[trl]``): :class:`KLGuardCallback` for ``GRPOTrainer``."""
+"""klguard's guard for TRL (extra ``klguard[trl]``): `KLGuardCallback` for ``GRPOTrainer``."""
 
 from klguard.integrations.trl.callback import KLGuardCallback
 

@@ -7,7 +7,7 @@
 
 At every step's log (``on_log``, step N) the callback maps TRL's metrics to the guard's names, updates the
 KL controller from TRL's ``kl``, feeds the guard session (klguard.guard.session) and carries out its actions before
-step N+1 (:class:`TRLHost`): beta (``trainer.beta``), the learning rates (param groups and the scheduler's base
+step N+1 (`TRLHost`): beta (``trainer.beta``), the learning rates (param groups and the scheduler's base
 rates), gradient clipping (``args.max_grad_norm``), a rollback to the newest stable checkpoint, re-anchoring the
 reference, a pause (a checkpoint, then a clean stop). The session's state (guard, KL controller, stable
 checkpoints) travels in each checkpoint's ``trainer_state.json`` (transformers' ExportableState), so

@@ -1,0 +1,442 @@
+"""Write the documentation's results tables from benchmarks/results/*.json (and the guard's keys from its schema).
+
+    python docs/gen_results.py            # rewrite docs/generated/*.md and README's results table
+    python docs/gen_results.py --check    # exit 1 naming each file that differs from what the JSON gives
+
+The pages under docs/ include these tables (pymdownx.snippets), so a change in a result changes the page; the test
+tests/docs/test_docs.py fails while a committed table is not the one this script writes. Standard library only,
+apart from klguard itself for the guard's keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = ROOT / "docs" / "generated"
+HEADER = "<!-- written by docs/gen_results.py from {source}: edit that or the script, not this file -->\n\n"
+
+# What each benchmark contender is (its id is the name `benchmarks/hacking.py --only` takes).
+LABELS = {
+    "guarded": "klguard default (guard on)",
+    "verl_default": "verl default (fixed 0.001, k1)",
+    "seed_recipe": "adaptive 0.015, beta0 0.0005, horizon 10000, k3, no guard",
+    "adaptive_0.03": "adaptive 0.03, beta0 0.0005, horizon 10000, k3, no guard",
+    "pid_0.015": "pid, k3, target 0.015",
+    "pid_0.03": "pid, k3, target 0.03",
+    "guarded_warmup0": "klguard default + beta 0 for the first 20% of steps",
+    "guarded_gold_free": "klguard default + `kl_growth` acting",
+    "guarded_no_gold": "klguard default, gold validation no signal",
+    "guarded_pid": "klguard default over pid, k3, target 0.03",
+    "verl_default_par": "verl default + PAR shaping",
+}
+DEMO_ORDER = ("guarded", "verl_default", "seed_recipe", "fixed_0.01", "fixed_0.1", "fixed_0.3", "fixed_0.5",
+              "adaptive_0.03", "pid_0.015", "pid_0.03", "guarded_warmup0")
+MATRIX_ORDER = ("guarded", "verl_default", "seed_recipe", "fixed_0.03", "fixed_0.1", "fixed_0.3", "fixed_1.0")
+SETTINGS = {"ppo_rm": "PPO + reward model", "grpo": "GRPO + KL loss", "ppo_rule": "PPO + rule reward"}
+
+
+def label(name: str) -> str:
+    if name.startswith("fixed_"):
+        return f"fixed {name.removeprefix('fixed_')}"
+    return LABELS.get(name, name)
+
+
+def f3(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def g4(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def pct(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}%"
+
+
+def table(head: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
+    head = list(head)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+# --- the demo's eleven KL settings -------------------------------------------------------------------------------
+
+def demo_seeds() -> str:
+    data = load("hacking_demo_seeds.json")
+    by_name: dict[str, list[tuple[int, dict]]] = {}
+    for run, figures in data["runs"].items():
+        name, seed = run.rsplit("_s", 1)
+        by_name.setdefault(name, []).append((int(seed), figures))
+    rows = []
+    for name in [n for n in DEMO_ORDER if n in by_name] + sorted(set(by_name) - set(DEMO_ORDER)):
+        runs = [f for _, f in sorted(by_name[name])]
+        total = max(f["steps"] for f in runs)
+        finals = " / ".join(f3(f["final_gold"]) + (f" (ended at step {f['steps']})" if f["steps"] < total else "")
+                            for f in runs)
+        rows.append([
+            f"**{label(name)}**" if name == "guarded" else label(name),
+            f"{finals} (mean {f3(mean(f['final_gold'] for f in runs))})",
+            " / ".join(f3(f["best_gold"]) for f in runs),
+            " / ".join(f3(f["hacking_rate"]) for f in runs) + f" ({f3(mean(f['hacking_rate'] for f in runs))})",
+            " / ".join(f3(f["val_hacking_rate"]) for f in runs),
+            f"{mean(f['length'] for f in runs):.1f}",
+            f3(mean(f["kl_per_token"] for f in runs)),
+            g4(mean(f["final_kl_coef"] for f in runs)),
+        ])
+    seeds = sorted({s for runs in by_name.values() for s, _ in runs})
+    head = [f"KL setting (PPO seeds {', '.join(map(str, seeds))})", "final gold (per seed)", "best gold",
+            "hacking, rollouts", "hacking, validation", "length", "KL/token", "final beta"]
+    return table(head, rows)
+
+
+# --- the matrix: two exploits, three SFT policies ----------------------------------------------------------------
+
+def matrix_overview() -> str:
+    data = load("hacking.json")
+    rows = []
+    for cell, t in data["targets"].items():
+        if not t:
+            continue
+        verl = data["means"][cell].get("verl_default", {})
+        guarded = data["means"][cell]["guarded"]
+        rows.append([cell, g4(t["guarded_final_gold"]), f"{label(t['oracle'])} ({g4(t['oracle_final_gold'])})",
+                     g4(verl.get("final_gold")), g4(t["guarded_hacking"]), g4(t["verl_hacking"]),
+                     g4(guarded["final_kl_coef"]), "yes" if t["gold_within_0.01"] else "no"])
+    head = ["cell", "guarded final gold", "best fixed beta (final gold)", "verl default final gold",
+            "guarded hacking (rollouts)", "verl hacking", "guarded final beta", "gold >= best fixed - 0.01"]
+    return table(head, rows)
+
+
+def headline() -> str:
+    """README's one results table: the matrix, klguard's default against the best fixed beta and verl's default."""
+    data = load("hacking.json")
+    rows = []
+    for cell, t in data["targets"].items():
+        if t:
+            verl = data["means"][cell].get("verl_default", {})
+            rows.append([cell, f3(t["guarded_final_gold"]), f"{f3(t['oracle_final_gold'])} ({label(t['oracle'])})",
+                         f3(verl.get("final_gold")), f3(t["guarded_hacking"]), f3(t["verl_hacking"])])
+    return table(["exploit / SFT policy", "klguard default: final gold", "best fixed beta: final gold",
+                  "verl default: final gold", "klguard default: hacking", "verl default: hacking"], rows)
+
+
+README = ROOT / "README.md"
+README_BEGIN = "<!-- results:begin (written by docs/gen_results.py from benchmarks/results/hacking.json) -->\n"
+README_END = "<!-- results:end -->"
+
+
+def readme_text() -> str:
+    """README.md with its results table as the JSON gives it."""
+    text = README.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"README.md lacks the markers {README_BEGIN.strip()} ... {README_END}")
+    head, rest = text.split(README_BEGIN, 1)
+    return head + README_BEGIN + headline() + rest[rest.index(README_END):]
+
+
+def matrix_cells() -> str:
+    data = load("hacking.json")
+    columns = ("final_gold", "best_gold", "hacking_rate", "val_hacking_rate", "final_kl_coef", "guard_actions",
+               "steps")
+    parts = []
+    for cell, by_name in data["means"].items():
+        seeds = max(m["seeds"] for m in by_name.values())
+        parts.append(f"**{cell}** (means over {seeds} PPO seeds)\n")
+        names = [n for n in MATRIX_ORDER if n in by_name] + sorted(set(by_name) - set(MATRIX_ORDER))
+        rows = [[f"{label(n)} (`{n}`)", *(g4(by_name[n][c]) for c in columns), by_name[n]["seeds"]] for n in names]
+        parts.append(table(["contender", *columns, "seeds"], rows))
+    return "\n".join(parts)
+
+
+def signal_onsets() -> str:
+    data = load("signal_onsets.json")
+    parts = []
+    for exploit, summary in data["summary"].items():
+        runs = sum(1 for run in data["runs"] if run.startswith(exploit + "/"))
+        parts.append(f"Signals on {exploit} ({runs} guard-off runs):\n")
+        rows = []
+        for name, s in summary.items():
+            lead = f"{_g(s['median_lead_over_peak'])} / {_g(s['median_lead_over_fall'])}"
+            rows.append([f"`{name}`", f"{s['fired']} / {s['hacking_runs']}", s["before_peak"], s["before_fall"],
+                         lead, f"{s['false_alarms']} / {s['healthy_runs']}"])
+        parts.append(table(["signal", "fired / hacking runs", "before the peak", "before the fall",
+                            "median lead over peak / fall", "false alarms / healthy runs"], rows))
+    return "\n".join(parts)
+
+
+def _g(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+# --- calibration, TRL, throughput, rollout, tensor parallelism, soak ---------------------------------------------
+
+def first_run() -> str:
+    data = load("first_run.json")
+    rows = []
+    for seed, c in data["calibrate"].items():
+        early, full, comp = c["early_stop"], c["full"], c["comparison"]
+        rows.append([seed, early["recommended_target_kl"], f3(early["recommended_final_gold"]),
+                     f3(_hacking_at(early, early["recommended_target_kl"])), early["steps_trained"],
+                     f"{early['cpu_s']:.0f}", f"{full['recommended_target_kl']}, {full['cpu_s']:.0f}",
+                     f"{comp['cpu_ratio']:.2f}"])
+    head = ["seed", "recommended target_kl", "its final gold", "sampled hacking", "steps trained", "CPU s",
+            "without early stopping: target, CPU s", "CPU ratio"]
+    demo = data["demo"]
+    note = (f"\n`klguard demo` in the same measurement: exit {demo['exit']}, {demo['wall_s']:.0f} s wall, "
+            f"{demo['cpu_s']:.0f} CPU-seconds, a log of {demo['log_bytes']} bytes.\n")
+    return table(head, rows) + note
+
+
+def _hacking_at(record: dict, target: float) -> float | None:
+    return next((p["hacking_rate"] for p in record["points"] if p["target_kl"] == target), None)
+
+
+def default_grid() -> str:
+    data = load("first_run.json")
+    rows = []
+    for seed, c in data["calibrate"].items():
+        alone = c["default_grid_alone"]
+        rows.append([seed, *(f"{f3(alone['final_gold'][k])} / {f3(alone['hacking'][k])}" for k in alone["hacking"]),
+                     alone["recommended_target_kl"] or "none"])
+    grid = next(iter(data["calibrate"].values()))["default_grid_alone"]["hacking"]
+    return table(["seed", *(f"{k}: gold / hacking" for k in grid), "recommended"], rows)
+
+
+def trl_guard() -> str:
+    data = load("trl_guard.json")
+    rows = [[r["seed"], "guarded (defaults)" if r["guarded"] else "unguarded", f3(r["gold"]), f3(r["hacking_rate"]),
+             f"{r['response_length']:.1f}", g4(r["final_beta"]),
+             f"{r['steps_trained']}" + (" (paused)" if r["steps_trained"] < data["steps"] else "")]
+            for r in data["runs"]]
+    guarded = [r for r in data["runs"] if r["guarded"]]
+    note = (f"\nThe callback's own cost: {1000 * mean(r['callback_s_per_step'] for r in guarded):.2f} ms a step, "
+            f"{pct(data['callback_share_of_trl_step_median'], 2)} of a TRL step (median); its rollbacks took "
+            f"{min(r['rollback_s_total'] for r in guarded):.2f}-{max(r['rollback_s_total'] for r in guarded):.2f} s "
+            "in all.\n")
+    return table(["seed", "run", "held-out gold", "hacking rate", "length (tokens)", "final beta", "steps"],
+                 rows) + note
+
+
+def throughput() -> str:
+    data = load("throughput.json")
+    rows = []
+    for r in data["results"]:
+        c = r["contenders"]
+        k, kc, trl = c.get("klguard"), c.get("klguard-compiled"), c.get("trl")
+        speed = r.get("speedup_vs_trl") or {}
+        speedup = f"{speed['klguard']:.2f}x ({speed['klguard-compiled']:.2f}x)" if speed else "-"
+        setting = SETTINGS.get(r["setting"], r["setting"]) + (", bf16" if r["dtype"] == "bf16" else "")
+        rows.append([r["workload"], setting, f3(k["s_per_step"]), f3(kc["s_per_step"]) if kc else "-",
+                     f3(trl["s_per_step"]) if trl else "-", speedup,
+                     " / ".join(pct(x["efficiency"]) if x else "-" for x in (k, kc, trl)),
+                     pct(k["guard_s"] / k["s_per_step"], 2) if "guard_s" in k else "-",
+                     " / ".join(f"{x['peak_rss_mib']:.0f}" if x else "-" for x in (k, kc, trl))])
+    head = ["workload", "setting", "klguard s/step", "compiled s/step", "TRL s/step", "speedup (compiled)",
+            "eff klguard / compiled / TRL", "guard", "peak RSS MiB klguard / compiled / TRL"]
+    peak = data["matmul_flops_per_s"]["peak_used"]
+    note = (f"\n{data['warmup']} warm-up + {data['steps']} measured steps per contender, "
+            f"{data['elapsed_s'] / 60:.1f} min on {data['machine']['cpu_count']} cores (torch "
+            f"{data['machine']['torch']}, transformers {data['machine']['transformers']}); load average "
+            f"{data['load_start'].split()[0]} at the start, {data['load_end'].split()[0]} at the end; ceiling from "
+            f"the best matmul rate measured in the run: {peak['fp32'] / 1e9:.0f} GFLOP/s fp32, "
+            f"{peak['bf16'] / 1e9:.0f} bf16.\n")
+    return table(head, rows) + note
+
+
+def scaling() -> str:
+    data = load("throughput.json")["scaling"]
+    rows = [[f"{p['rollouts']} x {p['response_length']}", f"{p['s_per_step']:.2f}", f"{p['time_vs_base']:.2f}",
+             f"{p['work_vs_base']:.2f}", pct(p["efficiency"])] for p in data["points"] if "time_vs_base" in p]
+    return (f"{data['workload']}, {data['setting']}, {data['warmup']} warm-up + {data['steps']} steps:\n\n"
+            + table(["rollouts x response tokens", "s/step", "x time", "x FLOPs", "eff"], rows))
+
+
+def rollout_speed() -> str:
+    data = load("rollout_speed.json")
+    rows = [[p["new_tokens"], f"{1000 * p['klguard_median_s']:.0f}", f"{1000 * p['klguard_compiled_median_s']:.0f}",
+             f"{1000 * p['hf_median_s']:.0f}", f"{p['compiled_speedup_median']:.2f}x", f"{p['speedup_median']:.2f}x"]
+            for p in data["lengths"]]
+    return (f"{data['batch']} rows, prompts of {data['prompt_len']} tokens, {data['threads']} threads, medians of "
+            f"{data['repeats']} (torch {data['torch']}, transformers {data['transformers']}):\n\n"
+            + table(["new tokens", "eager ms", "compiled ms", "HF generate ms", "compiled vs eager",
+                     "eager vs HF generate"], rows))
+
+
+def matmul_shapes() -> str:
+    data = load("matmul_shapes.json")
+    peak = data["peak_gflops"]["used"]
+    rows = [[workload, layer, *(f"{g:.0f} ({g / peak:.0%})" for g in passes.values())]
+            for workload, layers in data["workloads"].items() for layer, passes in layers.items()]
+    passes = list(next(iter(next(iter(data["workloads"].values())).values())))
+    shape = "x".join(map(str, data["peak_shape"]))
+    return (f"GFLOP/s of each shape alone, in parentheses its share of the {shape} reference rate ({peak:.0f} "
+            f"GFLOP/s); {data['rollouts']} rollouts, {data['tokens']} tokens, {data['threads']} threads:\n\n"
+            + table(["workload", "layer", *passes], rows))
+
+
+def tp_rollout() -> str:
+    data = load("tp_rollout.json")
+    rows = []
+    for mode, what in (("replica", "a whole copy on each rank (`tensor_model_parallel_size=1`)"),
+                       ("shards", "the tp shards (`tensor_model_parallel_size=2`)")):
+        m, n = data["median"][mode], data["numerics"][mode]
+        rows.append([what, f"{m['timing_s/gen']:.3f}", f"{m['timing_s/step']:.3f}", pct(m["perf/reshard_share"], 1),
+                     f"{n['largest_difference_from_one_process']:.1e} ({n['where']}, {n['values_compared']} values)"])
+    return (f"{data['ranks']} gloo ranks on {data['machine']}, tp={data['tensor_parallel_size']}, "
+            f"{data['response_length']} response tokens, medians over {data['steps_measured']} steps:\n\n"
+            + table(["generation on", "gen s", "step s", "gathering the copy (share of the step)",
+                     "largest difference from one process"], rows)
+            + f"\nGeneration on the shards takes {data['gen_ratio_shards_over_replica']:.1f}x as long as on the copy; "
+            f"the built-in policy's parameters per rank at tp=2: "
+            f"{', '.join(f'{p:,}' for p in data['numerics']['shards']['actor_params_per_rank'])}.\n")
+
+
+def soak() -> str:
+    s = load("soak.json")
+    rows = [["kill and resume cycles", s["cycles"]], ["SIGKILLs", s["kills"]], ["steps", s["steps"]],
+            ["checkpoint every", f"{s['save_freq']} step(s)"], ["steps redone in all", s["steps_redone_total"]],
+            ["steps lost beyond the last checkpoint", s["steps_lost_beyond_last_checkpoint"]],
+            ["unreadable checkpoints", s["unreadable_checkpoints"]], ["run finished", "yes" if s["finished"] else "no"],
+            ["metrics equal to an uninterrupted run", "yes" if s["metrics_equal_uninterrupted"] else "no"]]
+    return table(["soak (`python benchmarks/soak.py`)", "measured"], rows)
+
+
+# --- the guard's keys, from its schema ---------------------------------------------------------------------------
+
+def guard_keys() -> str:
+    from klguard.guard.config import GuardConfig
+
+    rows = []
+    for f in dataclasses.fields(GuardConfig):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        shown = "null" if default is None else json.dumps(default) if not isinstance(default, str) else default
+        rows.append([f"`guard.{f.name}`", f"`{shown}`", f.metadata.get("help", "").replace("|", "\\|")])
+    return table(["key", "default", "what it does (and what measured it)"], rows)
+
+
+def guard_actions() -> str:
+    from klguard.guard.actions import ACTION_KINDS
+
+    return table(["action", "what the trainer does (the record's old and new values)"],
+                 [[f"`{kind}`", text] for kind, text in ACTION_KINDS.items()])
+
+
+def guard_signals() -> str:
+    from klguard.guard.config import DEFAULT_HACKING_SIGNALS
+    from klguard.guard.state import HACK_SIGNALS
+
+    return table(["signal", "raises the alarm by default", "logged as"],
+                 [[f"`{name}`", "yes" if name in DEFAULT_HACKING_SIGNALS else "no (logged only)",
+                   f"`guard/hack_{name}`"] for name in HACK_SIGNALS])
+
+
+def config_keys() -> str:
+    """Every key klguard implements, its default and its one-line description (`klguard train --describe-config`)."""
+    from klguard.config.loader import config_to_dict, schema_fields
+    from klguard.config.schema import Config
+
+    values = dict(_flat(config_to_dict(Config())))
+    sections: dict[str, list[list[str]]] = {}
+    for path, f in schema_fields():
+        value = values.get(path, {} if f.type in ("dict", dict) else None)
+        shown = "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
+        sections.setdefault(path.split(".")[0], []).append(
+            [f"`{path}`", f"`{shown}`", f.metadata.get("help", "").replace("|", "\\|")])
+    return "\n".join(f"### {name}\n\n" + table(["key", "default", "description"], rows)
+                     for name, rows in sections.items())
+
+
+def verl_ignored() -> str:
+    """verl's keys that klguard accepts and does not implement, by section (listed in the one warning)."""
+    from klguard.config.loader import schema_fields
+    from klguard.config.verl_keys import RENAMED, verl_keys
+
+    ours = {path for path, _ in schema_fields()}
+    renamed = tuple(RENAMED)  # verl 0.9.1's spellings: listed under klguard's name, implemented or not
+    ignored = sorted(k for k in verl_keys() if k not in ours and not any(k.startswith(o + ".") for o in ours)
+                     and not any(k == r or k.startswith(r + ".") for r in renamed))
+    groups: dict[str, list[str]] = {}
+    for key in ignored:
+        parts = key.split(".")
+        head = ".".join(parts[:2]) if len(parts) > 2 else parts[0]
+        groups.setdefault(head, []).append(key[len(head) + 1:] if key != head else "")
+    lines = [f"- `{head}` ({len(rest)}): " + (", ".join(f"`{r}`" for r in rest if r) or "the key itself")
+             for head, rest in groups.items()]
+    return (f"{len(ignored)} keys of verl's two releases are accepted and not implemented:\n\n"
+            + "\n".join(lines) + "\n")
+
+
+def _flat(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+PAGES: dict[str, tuple[str, Callable[[], str]]] = {
+    "demo_seeds.md": ("benchmarks/results/hacking_demo_seeds.json", demo_seeds),
+    "matrix_overview.md": ("benchmarks/results/hacking.json", matrix_overview),
+    "matrix_cells.md": ("benchmarks/results/hacking.json", matrix_cells),
+    "signal_onsets.md": ("benchmarks/results/signal_onsets.json", signal_onsets),
+    "first_run.md": ("benchmarks/results/first_run.json", first_run),
+    "default_grid.md": ("benchmarks/results/first_run.json", default_grid),
+    "trl_guard.md": ("benchmarks/results/trl_guard.json", trl_guard),
+    "throughput.md": ("benchmarks/results/throughput.json", throughput),
+    "scaling.md": ("benchmarks/results/throughput.json", scaling),
+    "rollout_speed.md": ("benchmarks/results/rollout_speed.json", rollout_speed),
+    "matmul_shapes.md": ("benchmarks/results/matmul_shapes.json", matmul_shapes),
+    "tp_rollout.md": ("benchmarks/results/tp_rollout.json", tp_rollout),
+    "soak.md": ("benchmarks/results/soak.json", soak),
+    "guard_keys.md": ("src/klguard/guard/config.py", guard_keys),
+    "guard_actions.md": ("src/klguard/guard/actions.py", guard_actions),
+    "guard_signals.md": ("src/klguard/guard/state.py and config.py", guard_signals),
+    "config_keys.md": ("src/klguard/config/ (the schema)", config_keys),
+    "verl_ignored.md": ("src/klguard/resources/verl*_keys.txt and the schema", verl_ignored),
+}
+
+
+def render() -> dict[str, str]:
+    return {name: HEADER.format(source=source) + make() for name, (source, make) in PAGES.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a difference")
+    args = parser.parse_args(argv)
+    pages = render()
+    if args.check:
+        stale = [n for n, text in pages.items() if not (OUT / n).is_file() or (OUT / n).read_text() != text]
+        stale = [f"docs/generated/{n}" for n in stale]
+        stale += [f"docs/generated/{p.name}" for p in OUT.glob("*.md") if p.name not in pages]
+        stale += ["README.md"] if README.read_text() != readme_text() else []
+        for name in stale:
+            print(f"{name} is not what the JSON gives: run python docs/gen_results.py")
+        return 1 if stale else 0
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, text in pages.items():
+        (OUT / name).write_text(text)
+    README.write_text(readme_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Every shell and Python block of README.md and of the pages under docs/ runs as written, or is listed below with
+the reason it cannot run here; a block that is neither fails the test, and so does a stale entry."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+FENCE = re.compile(r"^```(bash|sh|python)\n(.*?)^```", re.S | re.M)
+
+DEMO = "installs into the running environment and trains two runs for minutes; tests/e2e runs `klguard demo`"
+TESTS = "the command that runs this test suite (.ci/run runs it; test_docs_site checks it is README's)"
+TEST_COMMAND = "pip install torch==2.13.0 -e '.[test,trl,verl,docs]' -c constraints-test.txt && python -m pytest -q"
+VERL_LINE = "python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=klguard +klguard.guard.kl_hard_limit=0.2"
+GSM8K = "klguard train data.train_files=~/data/gsm8k/train.parquet data.val_files=~/data/gsm8k/test.parquet \\"
+# (file, the block's first line) -> why the test does not run it
+NOT_RUN = {
+    ("README.md", "pip install torch==2.13.0 -e . && klguard demo"): DEMO,
+    ("docs/quickstart.md", "pip install torch==2.13.0 -e . && klguard demo"): DEMO,
+    ("README.md", TEST_COMMAND): TESTS,
+    ("docs/quickstart.md", TEST_COMMAND): TESTS,
+    ("README.md", GSM8K):
+        "needs GSM8K parquet and a Qwen2.5 folder on disk (nothing is downloaded); tests/realmodel train the same "
+        "keys on a tiny local Qwen2 folder",
+    ("README.md", "from klguard.integrations.trl import KLGuardCallback"):
+        "a fragment (`...` for the model, data and rewards); compiled here, and examples/trl/grpo_guarded.py is the "
+        "whole script, run by tests/integrations",
+    ("README.md", VERL_LINE):
+        "a verl step needs GPUs and a verl setup (`...` for the rest of verl's launch line); "
+        "benchmarks/gpu/verl_plugin.sh is the GPU check",
+    ("README.md", "klguard watch --follow $VERL_FILE_LOGGER_PATH guard.kl_hard_limit=0.2 || scancel $JOB"):
+        "follows the log of a running verl job under Slurm; tests/commands/watch run `klguard watch` on logs",
+    ("docs/index.md", "pip install torch==2.13.0 -e . && klguard demo"): DEMO,
+    ("docs/architecture.md", "pip install torch==2.13.0 -e '.[test,trl,verl,docs]'"):
+        "installs into the running environment and runs the whole suite, this test included",
+    ("docs/benchmarks.md",
+     "pip install torch==2.13.0 -e . && python benchmarks/throughput.py      # --quick: 1 warm-up + 3 steps"):
+        "builds a TRL venv and benchmarks for about 13 minutes; tests/benchmarks test its parts",
+    ("docs/distributed.md", "torchrun --standalone --nproc_per_node=8 -m klguard train trainer.device=cuda ..."):
+        "8 CUDA GPUs, or two nodes; the CPU line trains the 200-step default on 2 ranks for minutes, and "
+        "tests/distributed run it on 2 and 4 gloo ranks with fewer steps",
+    ("docs/distributed.md", "torchrun --standalone --nproc_per_node=8 -m klguard train trainer.device=cuda \\"):
+        "8 CUDA GPUs; tests/distributed/test_tensor_parallel.py runs tp=2 and dp=2 x tp=2 on gloo ranks",
+    ("docs/real-models.md", GSM8K): "needs GSM8K parquet and a Qwen2.5 folder on disk (nothing is downloaded); "
+        "tests/realmodel train the same keys on a tiny local Qwen2 folder",
+    ("docs/training.md", "klguard train [--config FILE.yaml] [key=value ...]   # verl's dotted overrides"):
+        "a synopsis of the commands (brackets mark what is optional), not one to run",
+    ("docs/training.md", "klguard train global_profiler.tool=torch 'global_profiler.steps=[3,4]'     "
+     "# + global_profiler.profile_continuous_steps=true: one trace"):
+        "trains the 200-step default run for minutes; tests/runtime/test_profiling.py profiles short runs",
+    ("docs/trl.md", "from klguard.integrations.trl import KLGuardCallback"):
+        "a fragment (`...` for the model, data and rewards); compiled here, and examples/trl/grpo_guarded.py is the "
+        "whole script, run by tests/integrations",
+    ("docs/verl.md", "pip install 'klguard[verl]'"):
+        "installs into the running environment, and a verl step needs GPUs; benchmarks/gpu/verl_plugin.sh is the "
+        "GPU check",
+    ("docs/watch.md", "klguard watch --follow $VERL_FILE_LOGGER_PATH guard.kl_hard_limit=0.2 || scancel $JOB"):
+        "follows the log of a running verl job under Slurm; tests/commands/watch run `klguard watch` on logs",
+    ("docs/quickstart.md", "python docs/gen_results.py && mkdocs build --strict"):
+        "rewrites committed files and writes site/; test_docs_site runs the same check and build into a temporary "
+        "folder",
+}
+CLEAN = {"docs/quickstart.md": ["/tmp/klguard_quick"]}  # folders a block writes, removed before it runs
+
+
+def _blocks() -> list[tuple[str, str, str]]:
+    return [(name, lang, code) for name in FILES for lang, code in FENCE.findall((ROOT / name).read_text())]
+
+
+def _id(block: tuple[str, str, str]) -> str:
+    return f"{block[0]}:{block[2].splitlines()[0][:60]}"
+
+
+def test_every_listed_block_exists() -> None:
+    present = {(name, code.splitlines()[0]) for name, _, code in _blocks()}
+    assert not set(NOT_RUN) - present, f"stale entries: {sorted(set(NOT_RUN) - present)}"
+
+
+@pytest.mark.scenario
+@pytest.mark.parametrize("block", _blocks(), ids=_id)
+def test_block_runs_as_written(block: tuple[str, str, str]) -> None:
+    name, lang, code = block
+    first = code.splitlines()[0]
+    if (name, first) in NOT_RUN:
+        if lang == "python":
+            compile(code, f"{name} block", "exec")
+        pytest.skip(NOT_RUN[name, first])
+    for folder in CLEAN.get(name, []):
+        if folder in code:
+            shutil.rmtree(folder, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-c", code] if lang == "python" else ["bash", "-e", "-c", code]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, f"{name}:\n{code}\nexit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
