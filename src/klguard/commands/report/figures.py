@@ -40,6 +40,10 @@ PANELS: tuple[Panel, ...] = (
           (("hacking/rm_ensemble_std", "spread"),)),
     Panel("Repeated 3-grams (gold-free signal)", "share of a response's 3-grams",
           (("hacking/repeated_ngram_share", "repeats"),)),
+    Panel("Off the reference's support (gold-free signal)", "nats per token; share of tokens",
+          (("hacking/ref_nll", "NLL under the reference"), ("hacking/ref_low_prob_share", "tokens under the floor"))),
+    Panel("Audit RM: unshared gain (gold-free signal)", "baseline stds",
+          (("guard/audit_gap", "optimised RM gain - audit RM gain"),)),
 )
 
 ACTION_COLORS = {"rollback": "tab:red", "pause": "black", "cut_lr": "tab:purple", "raise_kl_coef": "tab:orange",
