@@ -174,7 +174,8 @@ class KLGuard:
         triggers: list[tuple[str, str | None, float | None, float | None, str]] = []
         if st.alarms["kl_hard"] and obs.kl is not None:
             triggers.append(("kl_hard", obs.kl_name, obs.kl, cfg.kl_hard_limit,
-                             f"{obs.kl_name} {obs.kl:.4g} is above the hard limit {cfg.kl_hard_limit:.4g}"))
+                             f"{obs.kl_name} {obs.kl:.4g} is above the hard limit {cfg.kl_hard_limit:.4g}"
+                             + (f" for {st.kl_hard_streak} steps" if cfg.kl_hard_patience > 1 else "")))
         if val_dropped and st.best_val is not None and obs.val is not None:
             limit = st.best_val * (1 - cfg.val_drop_max)
             triggers.append(("val_drop", rules.VAL_METRIC, obs.val, limit, f"the validation score {obs.val:.4g} fell "

@@ -8,8 +8,17 @@ from collections.abc import Mapping
 
 from klguard.guard.actions import Action
 from klguard.guard.config import GuardConfig
-from klguard.guard.signals import (GRAD_NORM, KL_SEQ_SUM, LENGTH, PPO_KL, REF_KL, REF_KL_LOSS, SCORE, Observation,
-                                   median, penalty_share)
+from klguard.guard.signals import (
+    GRAD_NORM,
+    KL_SEQ_SUM,
+    PPO_KL,
+    REF_KL,
+    REF_KL_LOSS,
+    SCORE,
+    Observation,
+    median,
+    penalty_share,
+)
 from klguard.guard.state import GuardState
 
 VAL_METRIC = "val-core/*/acc/*"

@@ -77,8 +77,8 @@ class GuardState:
             raise ValueError(f"unknown guard state keys: {', '.join(unknown)}")
         out = cls(**state)
         # Copy the containers so the caller's dict is never aliased
-        for name in ("kl_history", "length_base", "entropy_base", "collapse_base", "length_recent", "kl_seq_base", "repetition_base",
-                     "rm_spread_base"):
+        for name in ("kl_history", "length_base", "entropy_base", "collapse_base", "length_recent", "kl_seq_base",
+                     "repetition_base", "rm_spread_base"):
             setattr(out, name, list(getattr(out, name)))
         out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
         out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}

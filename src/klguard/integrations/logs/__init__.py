@@ -20,8 +20,12 @@ from klguard.integrations.logs.jsonl import JsonLines
 from klguard.integrations.logs.lines import Step
 from klguard.integrations.logs.stores import CsvLog, MlflowLog, TensorBoardLog, TrainerStateLog, trainer_state_file
 from klguard.integrations.logs.wandb_run import WandbLog
-from klguard.integrations.metric_maps import guard_names, tensorboard_names, trainer_of_names, \
-    trainer_of_tensorboard_tags
+from klguard.integrations.metric_maps import (
+    guard_names,
+    tensorboard_names,
+    trainer_of_names,
+    trainer_of_tensorboard_tags,
+)
 
 __all__ = ["FORMATS", "LogReader", "MappedLog", "detect_format", "open_log", "trainer_state_file"]
 

@@ -63,7 +63,7 @@ class JsonLines(LineLog):
             if key in STEP_KEYS:
                 continue
             if isinstance(value, str) and self.legend and value.count("|") == len(self.legend) - 1:
-                for part, text in zip(self.legend, value.split("|")):
+                for part, text in zip(self.legend, value.split("|"), strict=True):
                     number = _number(text)
                     if number is not None:
                         out[f"{key}/{part}"] = number

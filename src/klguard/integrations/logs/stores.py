@@ -123,7 +123,7 @@ class CsvLog:
             step = _float(row[column]) if column < len(row) else None
             if step is None or not math.isfinite(step):
                 raise UserError(f"{self.path}: row {number} has no step in column {header[column]!r}")
-            raw = {_csv_name(name): value for name, text in zip(header, row)
+            raw = {_csv_name(name): value for name, text in zip(header, row, strict=False)
                    if name != header[column] and not name.endswith(("__MIN", "__MAX"))
                    and (value := _float(text)) is not None}
             out.append((int(step), raw))
