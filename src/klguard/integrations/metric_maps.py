@@ -18,15 +18,17 @@ TRL_METRICS: dict[str, str] = {
     "grad_norm": "actor/grad_norm",
     "learning_rate": "actor/lr",
     "entropy": "actor/entropy",
-    "completion_length": "response_length/mean",  # TRL before 0.15
     "completions/mean_length": "response_length/mean",
     "completions/max_length": "response_length/max",
     "completions/min_length": "response_length/min",
     "completions/clipped_ratio": "response_length/clip_ratio",
     "clip_ratio/region_mean": "actor/pg_clipfrac",
 }
-"""TRL GRPOTrainer's names, early 2025 (`completion_length`) and 1.x (`completions/*`). With ``logging_steps`` > 1
-a logged value is the mean over the steps since the last log."""
+"""TRL 1.x GRPOTrainer's names. With ``logging_steps`` > 1 a logged value is the mean over the steps since the last
+log."""
+
+TRL_EARLY_METRICS: dict[str, str] = {"completion_length": "response_length/mean"}
+"""TRL GRPOTrainer's names of early 2025 (before `completions/*`) that 1.x renamed."""
 
 VERL_METRICS: dict[str, str] = {
     "critic/kl": "actor/reward_kl_penalty",  # verl 2024: the in-reward KL, a token mean
@@ -39,7 +41,7 @@ VERL_METRICS: dict[str, str] = {
 units of its name, `actor/lr(1e-4)`, as `actor/lr`."""
 
 PLAIN_METRICS: dict[str, str] = {
-    **TRL_METRICS,
+    **TRL_METRICS, **TRL_EARLY_METRICS,
     "train_reward": "critic/score/mean", "reward/mean": "critic/score/mean", "rewards/mean": "critic/score/mean",
     "train_reward_std": "critic/score/std", "reward/std": "critic/score/std",
     "lr": "actor/lr", "optim/lr": "actor/lr",
@@ -67,7 +69,7 @@ OPENRLHF_METRICS: dict[str, str] = {
 """OpenRLHF's PPO logs (TensorBoard `train/<key>`, one entry per global step; read at OpenRLHF 3c3be62). It does
 not log the KL coefficient, so the penalty-share rule has no input there."""
 
-METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS, "openrlhf": OPENRLHF_METRICS, "verl": VERL_METRICS,
+METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS | TRL_EARLY_METRICS, "openrlhf": OPENRLHF_METRICS, "verl": VERL_METRICS,
                                           "plain": PLAIN_METRICS}
 
 _OPENRLHF_EVAL = re.compile(r"^eval/eval_(.+)_pass1$")
