@@ -76,8 +76,8 @@ class GuardConfig:
     )
 
     nonfinite_patience: int = opt(
-        0, "Consecutive steps with a NaN/inf gradient norm, loss, KL or score before a pause (0: off; klguard's "
-        "trainer skips such steps itself)", rule=_COUNT)
+        0, "Consecutive steps with a NaN/inf grad norm, loss, KL or score: pause (0: off, the trainer skips them)",
+        rule=_COUNT)
 
     # Rule 6: auto-tuning
     spike_factor: float = opt(

@@ -69,7 +69,8 @@ OPENRLHF_METRICS: dict[str, str] = {
 """OpenRLHF's PPO logs (TensorBoard `train/<key>`, one entry per global step; read at OpenRLHF 3c3be62). It does
 not log the KL coefficient, so the penalty-share rule has no input there."""
 
-METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS | TRL_EARLY_METRICS, "openrlhf": OPENRLHF_METRICS, "verl": VERL_METRICS,
+METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS | TRL_EARLY_METRICS, "openrlhf": OPENRLHF_METRICS,
+                                          "verl": VERL_METRICS,
                                           "plain": PLAIN_METRICS}
 
 _OPENRLHF_EVAL = re.compile(r"^eval/eval_(.+)_pass1$")

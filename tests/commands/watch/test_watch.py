@@ -171,3 +171,55 @@ def test_unknown_format_is_refused_by_the_parser(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["watch", str(tmp_path / "log.jsonl"), "--format", "xml"])
     assert info.value.code == 2
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps({"step": step, **row}) + "\n" for step, row in rows))
+    return str(path)
+
+
+def test_first_lines_name_the_inputs_the_rules_and_what_cannot_fire(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "log.jsonl", [(s, {"kl": 0.01, "reward": 0.5}) for s in (1, 2, 5)])
+    assert main(["watch", path]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "guard inputs found: actor/kl_loss, critic/score/mean (plain's metric names)" in out[1]
+    assert "kl_hard: KL to the reference > 0.5 for 3 steps: roll back" in out[2]
+    assert "ppo_kl (no actor/ppo_kl)" in out[3] and "entropy_collapse (no actor/entropy)" in out[3]
+    assert "3 steps read; the guard stayed calm" in out[-1] and "too few" in out[-1]
+
+
+def test_the_name_map_makes_a_log_judgeable(tmp_path, capsys):
+    rows = [(s, {"divergence": 0.9 if s >= 4 else 0.01, "r": 0.5}) for s in range(1, 9)]
+    path = write_jsonl(tmp_path / "log.jsonl", rows)
+    assert main(["watch", path]) == 0  # `divergence` means nothing to the guard
+    assert main(["watch", path, "--map", "divergence=actor/kl_loss", "--map", "r=critic/score/mean"]) == 3
+    out = capsys.readouterr().out
+    assert "--map divergence=actor/kl_loss, r=critic/score/mean" in out and "stop the run at step 6" in out
+
+
+def test_nan_gradient_norms_pause_at_the_third_step(tmp_path, capsys):
+    lines = [f"{{'loss': 0.0, 'grad_norm': nan, 'reward': -1.0, 'kl': 0.0, 'epoch': {s / 100}}}" for s in range(6)]
+    (tmp_path / "out.txt").write_text("\n".join(lines) + "\n")
+    assert main(["watch", str(tmp_path / "out.txt")]) == 3
+    assert "stop the run at step 3" in capsys.readouterr().out
+    event = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[0])
+    assert (event["kind"], event["rule"], event["metric"]) == ("pause", "nonfinite", "actor/grad_norm")
+    assert main(["watch", str(tmp_path / "out.txt"), "guard.nonfinite_patience=0"]) == 0
+
+
+def test_answers_collapsing_to_a_token_roll_back(tmp_path, capsys):
+    rows = [(s, {"completion_length": 60.0 if s < 4 else 2.0, "reward": 0.5}) for s in range(1, 8)]
+    path = write_jsonl(tmp_path / "log.jsonl", rows)
+    assert main(["watch", path]) == 3
+    assert "stop the run at step 4" in capsys.readouterr().out
+    assert json.loads((tmp_path / "events.jsonl").read_text().splitlines()[0])["rule"] == "length_collapse"
+
+
+def test_klguards_own_log_keeps_klguards_own_thresholds(tmp_path, capsys):
+    """A single step of KL 0.2 is above klguard's own kl_hard_limit (0.1, patience 1) but no external host's."""
+    rows = [(s, verl_step(s, 0.2 if s == 5 else None)) for s in range(1, 9)]
+    own = write_jsonl(tmp_path / "metrics.jsonl", rows)
+    assert main(["watch", own]) == 3 and "stop the run at step 5" in capsys.readouterr().out
+    verl = tmp_path / "verl.jsonl"
+    verl.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows))
+    assert main(["watch", str(verl)]) == 0

@@ -27,6 +27,9 @@ from klguard.integrations.metric_maps import (
     trainer_of_tensorboard_tags,
 )
 
+STORES = ("jsonl", "kv-lines", "csv", "mlflow", "wandb")
+"""Formats any trainer writes, where transformers' reporters name metrics `train/<name>` (read as `<name>`)."""
+
 __all__ = ["FORMATS", "LogReader", "MappedLog", "detect_format", "open_log", "trainer_state_file"]
 
 
@@ -59,9 +62,11 @@ class MappedLog:
             if self.format == "tensorboard":
                 self.trainer = trainer_of_tensorboard_tags(raw) or "verl"
             else:
-                self.trainer = trainer_of_names(raw)
+                self.trainer = trainer_of_names([k.removeprefix("train/") for k in raw])
         if self.format == "tensorboard" and self.trainer in ("trl", "openrlhf"):
             raw = tensorboard_names(raw, self.trainer)
+        elif self.format in STORES:
+            raw = {k.removeprefix("train/") if k.removeprefix("train/") not in raw else k: v for k, v in raw.items()}
         return guard_names(raw, self.trainer, self.user_map)
 
     @property
