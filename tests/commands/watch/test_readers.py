@@ -46,7 +46,7 @@ def test_verl_console_2025_with_numpy_values_and_validation_in_the_step(tmp_path
              "actor/kl_coef:0.001 - actor/grad_norm:np.float64(nan) - val-core/lab/sums/reward/mean@1:0.75",
              f"{prefix}step:47 - actor/entropy:np.float64(0.3) - actor/kl_loss:np.float64(0.003) - actor/kl_coef:0.001"]
     (tmp_path / "run.log").write_text("\n".join(lines))  # no newline at the end: the last line is read at the end
-    log, steps = read(tmp_path / "run.log")
+    _, steps = read(tmp_path / "run.log")
     assert [s for s, _ in steps] == [40, 47]  # read, never counted
     at40 = steps[0][1]
     assert at40["actor/kl_loss"] == 0.0025 and at40["actor/entropy"] == 0.31 and math.isnan(at40["actor/grad_norm"])
