@@ -83,7 +83,10 @@ class Watch:
         self.session: GuardSession | None = None
         self.host = _WatchHost()
         self.last_step: int | None = None
-        self.steps = 0
+        self.steps = 0  # steps judged (watching stops at a rollback or pause)
+        self.read = 0  # steps read from the log
+        self.span: tuple[int, int] | None = None  # the first and last step read
+        self.names: set[str] = set()  # the guard's names of the first steps' metrics
         self.decisions: list[Action] = []
 
     def run(self) -> int:
@@ -125,7 +128,7 @@ class Watch:
 
     def _describe(self, steps: list[tuple[int, dict[str, float]]]) -> None:
         """The first steps' guard inputs, and the rules that run on them or cannot fire."""
-        names = set().union(*(metrics for _, metrics in steps))
+        names = self.names = set().union(*(metrics for _, metrics in steps))
         reader = self.reader
         whose = f"{reader.trainer}'s metric names" if reader.trainer else "klguard's metric names"
         mapped = f", --map {', '.join(f'{k}={v}' for k, v in self.user_map.items())}" if self.user_map else ""
@@ -138,8 +141,11 @@ class Watch:
             self.say("klguard watch: these console dicts carry no step: steps are the entries' numbers")
 
     def _take(self, steps: list[tuple[int, dict[str, float]]]) -> int | None:
-        if steps and self.steps == 0:
+        if steps and self.read == 0:
             self._describe(steps)
+        if steps:
+            self.read += len(steps)
+            self.span = (steps[0][0] if self.span is None else self.span[0], steps[-1][0])
         for step, metrics in steps:
             if self.last_step is not None and step <= self.last_step:
                 continue  # a relaunched trainer logs its resumed steps again
