@@ -33,6 +33,8 @@ STOP_KINDS = ("rollback", "pause")
 KEY_PREFIXES = ("guard.", "algorithm.kl_ctrl.", "trainer.total_training_steps")
 """The keys `watch` takes: the guard's, the KL controller's (its target and whether one steers the KL) and the
 run length (the guard's warm-up is a share of it)."""
+WHOSE = {None: "klguard's metric names", "verl": "verl's metric names", "trl": "TRL's metric names",
+         "openrlhf": "OpenRLHF's metric names", "plain": "plain metric names, read as TRL's and their synonyms"}
 TRAINER_EVENTS = ("klguard", "trl")  # formats whose trainer may write its own events.jsonl beside the log
 
 
@@ -130,7 +132,7 @@ class Watch:
         """The first steps' guard inputs, and the rules that run on them or cannot fire."""
         names = self.names = set().union(*(metrics for _, metrics in steps))
         reader = self.reader
-        whose = f"{reader.trainer}'s metric names" if reader.trainer else "klguard's metric names"
+        whose = WHOSE.get(reader.trainer, f"{reader.trainer}'s metric names")
         mapped = f", --map {', '.join(f'{k}={v}' for k, v in self.user_map.items())}" if self.user_map else ""
         self.say(f"klguard watch: {inputs_line(names)} ({whose}{mapped})")
         run, cannot = rules_lines(self.session.guard.cfg, names)

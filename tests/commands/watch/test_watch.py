@@ -182,7 +182,7 @@ def test_first_lines_name_the_inputs_the_rules_and_what_cannot_fire(tmp_path, ca
     path = write_jsonl(tmp_path / "log.jsonl", [(s, {"kl": 0.01, "reward": 0.5}) for s in (1, 2, 5)])
     assert main(["watch", path]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "guard inputs found: actor/kl_loss, critic/score/mean (plain's metric names)" in out[1]
+    assert "guard inputs found: actor/kl_loss, critic/score/mean (plain metric names" in out[1]
     assert "kl_hard: KL to the reference > 0.5 for 3 steps: roll back" in out[2]
     assert "ppo_kl (no actor/ppo_kl)" in out[3] and "entropy_collapse (no actor/entropy)" in out[3]
     assert "3 steps read; the guard stayed calm" in out[-1] and "too few" in out[-1]

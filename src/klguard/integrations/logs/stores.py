@@ -29,8 +29,12 @@ class TensorBoardLog:
         return [self.path] if self.path.is_file() else sorted(self.path.rglob("events.out.tfevents.*"))
 
     def poll(self, final: bool = False) -> list[Step]:
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-        from tensorboard.util import tensor_util
+        try:
+            from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+            from tensorboard.util import tensor_util
+        except ImportError:
+            raise UserError(f"{self.path}: reading TensorBoard event files needs tensorboard (pip install "
+                            "'klguard[logs]')") from None
 
         for file in self._files():
             loader = self._loaders.setdefault(file, EventFileLoader(str(file)))

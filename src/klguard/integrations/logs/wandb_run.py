@@ -1,5 +1,5 @@
 """W&B offline run folders (`wandb/offline-run-<time>-<id>/run-<id>.wandb`, or a finished online run's folder):
-the history records of the run's `.wandb` file, decoded with wandb's own protobuf messages (`pip install wandb`).
+the history records of the run's `.wandb` file, decoded with wandb's own protobuf messages (`klguard[logs]`).
 
 wandb 0.31 no longer ships a Python reader of that file (its service, written in Go, reads it), so its framing is
 read here as wandb documents it: a 7-byte header (`:W&B`, magic, version), then LevelDB log records (checksum,
@@ -54,7 +54,7 @@ class WandbLog:
         try:
             from wandb.proto import wandb_internal_pb2
         except ImportError:
-            raise UserError(f"{path}: reading a W&B run needs wandb (pip install 'klguard[wandb]')") from None
+            raise UserError(f"{path}: reading a W&B run needs wandb (pip install 'klguard[logs]')") from None
         self.path, self.file = path, wandb_file(path)
         if self.file is None:
             raise UserError(f"{path}: no .wandb run file in it")
