@@ -26,6 +26,7 @@ from klguard.errors import UserError
 from klguard.guard import Action, AdvisoryHost, GuardSession, KLGuard
 from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 from klguard.integrations.logs import MappedLog, detect_format, open_log
+from klguard.integrations.logs.detect import NoMetricsYet
 from klguard.runtime.events import append_event
 
 EXIT_CALM, EXIT_STOP = 0, 3
@@ -119,10 +120,13 @@ class Watch:
             time.sleep(self.options.interval)
 
     def _open(self) -> MappedLog:
-        """The reader; with --follow an empty log (its trainer not started yet) is waited for."""
+        """The reader; with --follow an empty log, or one with no metrics line yet, is waited for."""
         while True:
             try:
                 return open_log(self.path, self.options.fmt, self.user_map)
+            except NoMetricsYet:
+                if not self.options.follow:
+                    raise
             except UserError:
                 if not self.options.follow or self.options.fmt or not _empty(self.path):
                     raise

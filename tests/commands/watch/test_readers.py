@@ -40,9 +40,10 @@ def test_verl_console_2024_with_colour_codes_prefix_and_validation_lines(tmp_pat
     assert second["val-core/lab/arith/acc/mean@1"] == 0.375  # its validation line, merged into the step
 
 
-def test_verl_console_2025_with_numpy_values_and_validation_in_the_step(tmp_path):
+def test_verl_console_2025_after_a_config_dump_with_numpy_values_and_validation_in_the_step(tmp_path):
     prefix = f"{ESC}[36m(TaskRunner pid=77){ESC}[0m "
-    lines = [f"{prefix}step:40 - actor/entropy:np.float64(0.31) - actor/kl_loss:np.float64(0.0025) - "
+    lines = ["{'actor_rollout_ref': {'actor': {'ppo_mini_batch_size': 256}}, 'data': {'train_batch_size': 64}}",
+             f"{prefix}step:40 - actor/entropy:np.float64(0.31) - actor/kl_loss:np.float64(0.0025) - "
              "actor/kl_coef:0.001 - actor/grad_norm:np.float64(nan) - val-core/lab/sums/reward/mean@1:0.75",
              f"{prefix}step:47 - actor/entropy:np.float64(0.3) - actor/kl_loss:np.float64(0.003) - actor/kl_coef:0.001"]
     (tmp_path / "run.log").write_text("\n".join(lines))  # no newline at the end: the last line is read at the end

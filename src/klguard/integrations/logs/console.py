@@ -117,15 +117,12 @@ class KeyValueLines(LineLog):
 
 
 def sniff(lines: list[str]) -> str | None:
-    """Which console grammar most of these first lines follow (None: none)."""
-    votes = {"verl-console": 0, "trl-console": 0, "kv-lines": 0}
-    for line in lines:
-        text = clean(line)
-        if VERL_STEP.search(text) or VERL_INITIAL in text:
-            votes["verl-console"] += 1
-        elif TRL_DICT.search(text) and len(pairs(text)) >= 2:
-            votes["trl-console"] += 1
-        elif KeyValueLines(Path()).parse(0, line) is not None:
-            votes["kv-lines"] += 1
-    best = max(votes, key=votes.get)
-    return best if votes[best] else None
+    """Which console grammar these first lines follow (None: none), the most specific first: a verl step line, a
+    TRL dict with a `loss` (a config dump printed as dicts has none), a line with a step and named numbers."""
+    texts = [clean(line) for line in lines]
+    if any(VERL_STEP.search(text) for text in texts):
+        return "verl-console"
+    if any(TRL_DICT.search(text) and "'loss': " in text for text in texts):
+        return "trl-console"
+    kv = KeyValueLines(Path())
+    return "kv-lines" if any(kv.parse(0, line) is not None for line in lines) else None

@@ -16,7 +16,12 @@ FORMATS = ("klguard", "verl", "jsonl", "verl-console", "trl-console", "kv-lines"
            "mlflow", "wandb")
 """klguard: klguard's metrics.jsonl; verl: verl's file logger; jsonl: any flat JSON lines; verl-console,
 trl-console, kv-lines: console output; trl: transformers' trainer_state.json; the rest: their libraries' stores."""
-SNIFF_LINES = 200
+SNIFF_BYTES, SNIFF_LINES = 1 << 20, 2000  # a console log may open with a long config dump
+
+
+class NoMetricsYet(UserError):
+    """A text log with no metrics line in its first lines: not a log klguard reads, or one whose trainer has not
+    logged a step yet (`--follow` waits for it)."""
 TB_MAGIC = b"\x18\x00\x00\x00\x00\x00\x00\x00"  # the first TFRecord of an event file: its 24-byte header event
 
 
@@ -25,7 +30,7 @@ def detect_format(path: Path) -> str:
     if path.is_dir():
         return _folder_format(path)
     with open(path, "rb") as fh:
-        head = fh.read(65536)
+        head = fh.read(SNIFF_BYTES)
     if path.name.startswith("events.out.tfevents.") or head.startswith(TB_MAGIC):
         return "tensorboard"
     if head.startswith(b":W&B"):
@@ -36,7 +41,7 @@ def detect_format(path: Path) -> str:
         raise UserError(f"{path} is empty: its format cannot be told yet; pass --format ({', '.join(FORMATS)})")
     found = _json_format(path, lines) or _csv_format(lines) or sniff(lines)
     if found is None:
-        raise UserError(f"{path}: no metrics in its first {len(lines)} lines in a format klguard reads (JSON lines, "
+        raise NoMetricsYet(f"{path}: no metrics in its first {len(lines)} lines in a format klguard reads (JSON lines, "
                         "trainer_state.json, verl's or TRL's console output, `step: N name: value` lines, CSV with "
                         "a step column); pass --format or see docs/watch.md")
     return found
