@@ -137,7 +137,8 @@ class KLGuardCallback(TrainerCallback, ExportableState):
     def _guard_inputs(self, logs: dict[str, Any], beta: float) -> dict[str, float]:
         metrics = to_klguard_names(logs, "trl") | {"actor/kl_coef": float(beta)}
         # a NaN gradient norm, loss or score is news to the guard's nonfinite rule (never to the KL controller)
-        metrics |= {k: v for k, v in guard_names(logs, "trl").items() if not math.isfinite(v) and k != REF_KL_LOSS}
+        nonfinite = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
+        metrics |= {k: v for k, v in guard_names(nonfinite, "trl").items() if k != REF_KL_LOSS}
         gold_name = self.settings.trl.gold_reward
         if gold_name is None:
             return metrics
