@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import platform
 import re
 import sys
@@ -65,7 +66,14 @@ def watch_one(log: Path, events: Path) -> dict:
             "stop": None if stop is None else {"kind": stop.kind, "step": stop.step, "rule": stop.rule,
                                               "metric": stop.metric, "value": stop.value,
                                               "threshold": stop.threshold, "reason": stop.reason},
-            "said": said + printed.getvalue().splitlines()}
+            "said": said[1:] + printed.getvalue().splitlines()}  # less the first line: paths of this machine
+
+
+def machine() -> str:
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    return f"{os.cpu_count()} cores, {model or platform.machine()}"
 
 
 def _calm(watch: Watch) -> str:
@@ -100,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         steps = f"{row['steps']}" + (f" ({span[0]}-{span[1]})" if span else "")
         print(f"| {row['log'][:2]:<3} | {row['format']:<12} | {steps:<14} | {', '.join(row.get('inputs', [])):<38} "
               f"| {row['decision']:<40} | {row['label']} |")
-    result = {"command": "python benchmarks/watch_reallogs.py", "logs": str(folder), "seconds": round(seconds, 1),
-              "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+    result = {"command": "python benchmarks/watch_reallogs.py", "logs": os.path.relpath(folder, ROOT),
+              "seconds": round(seconds, 1),
+              "machine": machine(),
               "python": platform.python_version(),
               "external_host_defaults": EXTERNAL_HOST_DEFAULTS, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
