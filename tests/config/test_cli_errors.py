@@ -33,7 +33,7 @@ MALFORMED = [
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"], "larger than the mini-batch"),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=48"], "must divide data.train_batch_size=64"),
     (["critic.ppo_micro_batch_size_per_gpu=5"], "must divide the mini-batch"),
-    (["algorithm.adv_estimator=grpo"], "actor_rollout_ref.rollout.n"),
+    (["algorithm.adv_estimator=gdpo"], "algorithm.gdpo_reward_keys"),
     (["actor_rollout_ref.actor.loss_agg_mode=seq-sum"], "actor_rollout_ref.actor.loss_agg_mode"),
     (["trainer.logger=[console,slack]"], "trainer.logger"),
     (["data.truncation=center"], "data.truncation"),
