@@ -41,7 +41,7 @@ MALFORMED = [
     (["actor_rollout_ref.actor.optim.lr=-1e-4"], "actor_rollout_ref.actor.optim.lr"),
     (["data.train_files=/tmp/x.parquet"], "data.val_files"),
     (["noequals"], "not of the form key.path=value"),
-    (["global_profiler.tool=nsys"], "global_profiler.tool='nsys' is not supported"),
+    (["global_profiler.tool=mstx"], "global_profiler.tool='mstx' is not supported"),
     (["global_profiler.tool=torch"], "global_profiler.steps=None must list the steps"),
     (["global_profiler.tool=torch", "global_profiler.steps=[0,2]"], "global_profiler.steps=[0, 2]"),
     (["global_profiler.tool=torch", "global_profiler.steps=[1]",

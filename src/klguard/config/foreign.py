@@ -71,8 +71,8 @@ def _feature(key: str, value: Any) -> str | None:
         return "multi-token prediction (MTP)"
     if key == "trainer.device" and text == "npu":
         return "Ascend NPUs"
-    if parts[-1] == "tool" and any("profiler" in p for p in parts[:-1]) and text == "npu":
-        return "NPU profiling"
+    if parts[-1] == "tool" and any("profiler" in p for p in parts[:-1]) and text in ("npu", "nsys"):
+        return "NPU profiling" if text == "npu" else "Nsight Systems profiling (CUDA GPUs)"
     if key == "distillation.enabled" and _truthy(value):
         return "on-policy distillation"
     return None

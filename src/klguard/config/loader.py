@@ -145,6 +145,8 @@ def _filter_known_keys(layer: dict, ignored: list[str]) -> dict:
     kept: dict = {}
     for key, value in canonical(_flatten(layer)):
         top = key.split(".")[0]
+        if key == "trainer.logger" and isinstance(value, str):  # verl takes one tracker's name as well as a list
+            value = [value]
         if key in ours or _under(key, free_form) or (isinstance(value, dict) and key in free_form):
             _set(kept, key, value)
         elif _under(key, ours):  # `a.b={c: 1}` where a.b is one of our single-value keys

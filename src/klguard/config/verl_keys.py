@@ -42,6 +42,7 @@ OTHER_SPELLINGS = {
 # (listed in the "not applicable" warning).
 _DTYPE_SUFFIXES = (".fsdp_config.mixed_precision.param_dtype", ".fsdp_config.fsdp_plan.param_dtype")
 _DTYPE_ROLES = ("actor_rollout_ref.actor", "critic.model")  # the roles with a compute dtype
+_LOAD_DTYPE_KEYS = ("actor_rollout_ref.model.torch_dtype", "critic.model.torch_dtype")
 _ENGINE_DETAIL_PARTS = (".fsdp_config.mixed_precision.", ".fsdp_config.fsdp_plan.")
 _LEGACY_SECTIONS = ("reward_model.", "custom_reward_function.")
 
@@ -67,8 +68,9 @@ def _null_in_0_9_1() -> frozenset[str]:
 
 
 def newer_engine_detail(key: str) -> bool:
-    """A newer FSDP engine key that klguard accepts and does not apply (mixed_precision.reduce_dtype, fsdp_plan.*)."""
-    return any(part in key for part in _ENGINE_DETAIL_PARTS)
+    """A newer FSDP engine key that klguard accepts and does not apply (mixed_precision.reduce_dtype, fsdp_plan.*, the
+    dtype the weights load in: klguard keeps them in fp32 and computes in fsdp_config.dtype)."""
+    return any(part in key for part in _ENGINE_DETAIL_PARTS) or key in _LOAD_DTYPE_KEYS
 
 
 def _rename(key: str) -> str:
