@@ -126,6 +126,7 @@ def test_gdpo_reads_each_key_of_the_reward_functions_dicts(fast_overrides, monke
     (call,) = calls
     fmt, acc = call["reward_components"]
     assert len(fmt) == len(acc) == 32 and set(fmt.tolist()) <= {0.0, 1.0} and call["reward_weights"] == [1, 2]
-    assert main(["train", *common, "algorithm.gdpo_reward_keys=[fmt,length]"]) == 2
+    assert main(["train", *common, "algorithm.gdpo_reward_keys=[fmt,length]",
+                 f"trainer.default_local_dir={tmp_path / 'second'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "algorithm.gdpo_reward_keys" in err and "'length'" in err

@@ -52,7 +52,7 @@ def remax_advantage(
         returns = _returns_to_go(token_level_rewards, response_mask)
         adv = returns - reward_baselines.to(returns.dtype).unsqueeze(-1)
         valid = response_mask != 0
-        adv = torch.where(valid, adv, zero(adv))
+        adv, returns = torch.where(valid, adv, zero(adv)), torch.where(valid, returns, zero(returns))
     return adv, returns
 
 
@@ -93,6 +93,7 @@ def optimal_token_baseline_advantage(
     ``handle_zero_tail``: where one path is the group's single longest, its baseline past the second-longest
     path's length is 0. Returns = the return-to-go."""
     check_inputs(token_level_rewards, response_mask)
+    ids = group_ids(group_index, token_level_rewards.shape[0], "optimal_token_baseline").to(token_level_rewards.device)
     for name, x in (("old_log_probs", old_log_probs), ("sum_pi_squared", sum_pi_squared)):
         if x is None or x.shape != token_level_rewards.shape:
             raise ValueError(f"adv_estimator 'optimal_token_baseline' needs {name} [B, T]")
@@ -101,7 +102,6 @@ def optimal_token_baseline_advantage(
         returns = _returns_to_go(token_level_rewards, response_mask)
         w = 1 - 2 * old_log_probs.exp() + sum_pi_squared
         w_cum = (torch.where(mask != 0, w, zero(w)) * mask).cumsum(dim=-1)
-        ids = group_ids(group_index, returns.shape[0], "optimal_token_baseline").to(returns.device)
         baselines = torch.zeros_like(returns)
         for g in range(int(ids.max()) + 1 if ids.numel() else 0):
             rows = (ids == g).nonzero(as_tuple=True)[0]
