@@ -90,7 +90,8 @@ def find_foreign(pairs: Iterable[tuple[str, Any]]) -> tuple[str, str, Any] | Non
 def plugin_command(overrides: Sequence[str], config_file: str | Path | None = None,
                    config_name: str | None = None, config_path: str | None = None) -> str:
     """The user's line for verl with klguard's plugin: verl's entry point, the same config and overrides (klguard's
-    own `guard.*` keys under `+klguard.`), and `trainer.v1.trainer_mode=klguard`."""
+    own `guard.*` keys under `+klguard.`; a `trainer.use_v1` or `trainer.v1.trainer_mode` of the line's left out,
+    since the plugin is a mode of verl's v1 trainer), and `trainer.v1.trainer_mode=klguard`."""
     words = VERL_MAIN.split()
     if config_file is not None:
         path = Path(config_file).expanduser().resolve()
@@ -99,7 +100,7 @@ def plugin_command(overrides: Sequence[str], config_file: str | Path | None = No
         words += ([f"--config-path={config_path}"] if config_path else []) + [f"--config-name={config_name}"]
     for item in overrides:
         key = item.lstrip("+").split("=", 1)[0]
-        if key == "trainer.v1.trainer_mode":
+        if key in ("trainer.v1.trainer_mode", "trainer.use_v1"):
             continue
         words.append(f"+klguard.{item.lstrip('+')}" if key.startswith("guard.") else item)
     return shlex.join([*words, PLUGIN_MODE])
