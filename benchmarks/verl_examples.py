@@ -45,7 +45,8 @@ PATH_KEYS = {"actor_rollout_ref.model.path": "policy", "critic.model.path": "pol
              "data.train_files": "train", "data.val_files": "val", "custom_reward_function.path": "reward_file"}
 # a CPU run of 2 steps in one process: the line's own settings, with batch sizes, lengths and sharding cut to fit
 SMALL_RUN = ("actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", "actor_rollout_ref.ref.fsdp_config.fsdp_size=-1",
-             "critic.model.fsdp_config.fsdp_size=-1", "data.train_batch_size=4", "data.val_batch_size=null", "data.max_prompt_length=256",
+             "critic.model.fsdp_config.fsdp_size=-1",
+             "data.train_batch_size=4", "data.val_batch_size=null", "data.max_prompt_length=256",
              "data.max_response_length=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_mini_batch_size=2",
              "critic.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
