@@ -32,7 +32,7 @@ def _truthy(value: Any) -> bool:
 
 
 # hub names of vision-language models (Qwen2.5-VL, Qwen3-VL, GLM-4.1V, MiniCPM-o, LLaVA, InternVL, ...)
-_VISION_NAME = re.compile(r"(?i)(\bvl\b|[-_.]vl[-_.]|-vl$|vl-|glm-4\.\dv|minicpm-[ov]|llava|internvl|idefics|pixtral)")
+_VISION_NAME = re.compile(r"(?i)((^|[-_.])vl([-_.]|$)|glm-4\.\dv|minicpm-[ov]|llava|internvl|idefics|pixtral)")
 
 
 def _vision_model(path: Any) -> bool:
