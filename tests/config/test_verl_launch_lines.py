@@ -134,3 +134,15 @@ def test_klguards_own_guard_keys_go_under_klguard_in_verls_command(capsys) -> No
     assert main(["train", "--print-config", *words(PLUGIN["megatron_keys"][0]), "guard.kl_hard_limit=0.2"]) == 2
     command = capsys.readouterr().err.split("for this line: ", 1)[1].strip()
     assert " +klguard.guard.kl_hard_limit=0.2 trainer.v1.trainer_mode=klguard" in command
+
+
+def test_a_local_model_folder_with_a_vision_tower_is_multimodal(tmp_path, capsys) -> None:
+    vision, text = tmp_path / "vl", tmp_path / "text"
+    vision.mkdir()
+    text.mkdir()
+    (vision / "config.json").write_text('{"model_type": "qwen2_5_vl", "vision_config": {"depth": 2}}')
+    (text / "config.json").write_text('{"model_type": "qwen2"}')
+    assert main(["train", "--print-config", f"actor_rollout_ref.model.path={text}"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--print-config", f"actor_rollout_ref.model.path={vision}"]) == 2
+    assert "multimodal" in capsys.readouterr().err
