@@ -7,6 +7,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from klguard import __version__
 from klguard.errors import UserError
@@ -27,6 +28,11 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("--describe-config", action="store_true",
                         help="print every key with its resolved value and one-line description, and exit")
+    parser.add_argument("--config-path", metavar="DIR", help="verl's Hydra option: the folder of --config-name")
+    parser.add_argument("--config-name", metavar="NAME", help="verl's Hydra option: NAME.yaml in --config-path, or "
+                        "one of verl's own config names (ppo_trainer; ppo_megatron_trainer gives verl's command)")
+    parser.add_argument("--verl-command", metavar="FILE", help="for a line klguard's trainer cannot run (Megatron, "
+                        "VeOmni, multimodal, ...): also write the same line for verl with klguard's plugin to FILE")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
@@ -92,8 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(args: argparse.Namespace):
     from klguard.config import config_to_yaml, describe_config, load_config
+    from klguard.config.foreign import PluginFallback
 
-    loaded = load_config(args.config, args.overrides)
+    try:
+        loaded = load_config(args.config, args.overrides, config_name=args.config_name, config_path=args.config_path)
+    except PluginFallback as exc:
+        if args.verl_command:
+            Path(args.verl_command).write_text(exc.command + "\n")
+        raise
     ignored = list(loaded.ignored_verl_keys)
     engine = loaded.config.actor_rollout_ref.rollout.name
     if engine != "hf":  # vLLM/SGLang launch lines run as they are: sampling is klguard's own
