@@ -164,7 +164,9 @@ ALL_KWARGS = {"values": None, "group_index": None, "gamma": 0.9, "lam": 0.8, "ep
 @pytest.mark.parametrize("name", sorted(ADV_ESTIMATORS))
 def test_every_estimator_is_zero_off_mask(name: str) -> None:
     r, v, m = _random_batch(3, 5, 7)
-    kwargs = ALL_KWARGS | {"values": v, "group_index": [0, 0, 1, 1, 2], "norm_adv_by_std_in_grpo": True}
+    logp = -torch.rand(r.shape, dtype=r.dtype) - 0.05
+    kwargs = ALL_KWARGS | {"values": v, "group_index": [0, 0, 1, 1, 2], "norm_adv_by_std_in_grpo": True,
+                           "reward_baselines": v[:, 0], "old_log_probs": logp, "sum_pi_squared": logp.exp() ** 2}
     adv, ret = ADV_ESTIMATORS[name](r, m, **kwargs)  # one uniform signature for all
     assert adv.shape == ret.shape == r.shape
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
@@ -178,8 +180,13 @@ def test_registry_names_and_errors() -> None:
         "rloo",
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
+        "remax",
+        "gpg",
+        "optimal_token_baseline",
+        "gdpo",
     }
-    assert set(GROUP_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus_baseline"}
+    assert set(GROUP_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus_baseline", "gpg", "optimal_token_baseline",
+                                     "gdpo"}
     with pytest.raises(ValueError, match=r"'ppo'.*grpo"):
         compute_advantage("ppo", REWARDS, MASK)
     with pytest.raises(ValueError, match="values"):

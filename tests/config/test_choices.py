@@ -79,9 +79,9 @@ def test_a_value_outside_the_literal_is_one_line_naming_the_key(key: str) -> Non
 
 @pytest.mark.parametrize("key", sorted(CHOICE_FIELDS))
 def test_every_listed_value_is_accepted(key: str) -> None:
-    """Each value of a choice field loads on its own, except where a rule across keys needs more (grpo: n >= 2)."""
+    """Each value of a choice field loads on its own, except where a rule across keys needs more (gdpo: its keys)."""
     _, allowed = CHOICE_FIELDS[key]
-    extra = {"algorithm.adv_estimator": ["actor_rollout_ref.rollout.n=2"],
+    extra = {"algorithm.adv_estimator": ["algorithm.gdpo_reward_keys=[acc]"],
              "trainer.resume_mode": ["trainer.resume_from_path=/tmp/x"],
              "global_profiler.tool": ["global_profiler.steps=[1]"]}.get(key, [])
     for value in allowed:

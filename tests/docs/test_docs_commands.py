@@ -62,8 +62,13 @@ NOT_RUN = {
     ("docs/verl.md", "pip install 'klguard[verl]'"):
         "installs into the running environment, and a verl step needs GPUs; benchmarks/gpu/verl_plugin.sh is the "
         "GPU check",
-    ("docs/watch.md", "klguard watch --follow $VERL_FILE_LOGGER_PATH guard.kl_hard_limit=0.2 || scancel $JOB"):
-        "follows the log of a running verl job under Slurm; tests/commands/watch run `klguard watch` on logs",
+    ("docs/watch.md", "klguard watch train.log                         # a finished run: exit 0 calm, 3 roll "
+     "back or pause, 2 bad input"):
+        "a synopsis over the user's own logs (train.log, run.jsonl) and a Slurm job; tests/commands/watch run "
+        "`klguard watch` on hand-written logs of every format",
+    ("docs/watch.md", "python benchmarks/watch_reallogs.py        # or: python benchmarks/watch_reallogs.py "
+     "/path/to/reallogs"):
+        "reads the corpus of public training logs, which is not part of this repository",
     ("docs/quickstart.md", "python docs/gen_results.py && mkdocs build --strict"):
         "rewrites committed files and writes site/; test_docs_site runs the same check and build into a temporary "
         "folder",

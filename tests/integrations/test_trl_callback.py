@@ -62,7 +62,7 @@ def test_rollback_restores_checkpoint_bit_for_bit_and_the_lr_cut_survives_the_sc
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     trainer = grpo_trainer(tmp_path, steps=steps, save_steps=1, learning_rate=lr, lr_scheduler_type="linear",
                            report_to=["tensorboard"])
-    callback = guarded(trainer, ["guard.kl_hard_limit=1.0"])
+    callback = guarded(trainer, ["guard.kl_hard_limit=1.0", "guard.kl_hard_patience=1"])
     inject(callback, {4: {"kl": 5.0}})
     seen = snapshot_after_guard(callback, 4)
     trainer.train()
@@ -104,7 +104,7 @@ def test_rollback_restores_checkpoint_bit_for_bit_and_the_lr_cut_survives_the_sc
 
 def test_pause_saves_a_checkpoint_and_stops(tmp_path):
     trainer = grpo_trainer(tmp_path, steps=10)
-    callback = guarded(trainer, ["guard.kl_hard_limit=1.0", "guard.max_rollbacks=0"])
+    callback = guarded(trainer, ["guard.kl_hard_limit=1.0", "guard.kl_hard_patience=1", "guard.max_rollbacks=0"])
     inject(callback, {3: {"kl": 5.0}})
     trainer.train()
     assert trainer.state.global_step == 3
@@ -117,7 +117,7 @@ def test_rollback_without_checkpoint_restores_the_reference(tmp_path):
     optimizer."""
     trainer = grpo_trainer(tmp_path, steps=3)
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    callback = guarded(trainer, ["guard.kl_hard_limit=1.0"])
+    callback = guarded(trainer, ["guard.kl_hard_limit=1.0", "guard.kl_hard_patience=1"])
     inject(callback, {2: {"kl": 5.0}})
     seen = snapshot_after_guard(callback, 2)
     trainer.train()
@@ -129,7 +129,8 @@ def test_resume_from_a_trl_checkpoint_repeats_the_uninterrupted_decisions(tmp_pa
     """Guard, KL controller and stable checkpoints travel in trainer_state.json: a run resumed from checkpoint-4
     takes the same decisions at steps 5-8 (a controller update every step, a forced rollback at step 6) as the
     run that went on."""
-    overrides = ["guard.kl_hard_limit=1.0", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=16",
+    overrides = ["guard.kl_hard_limit=1.0", "guard.kl_hard_patience=1", "algorithm.kl_ctrl.type=adaptive",
+                 "algorithm.kl_ctrl.horizon=16",
                  "algorithm.kl_ctrl.target_kl=0.01"]
     whole = grpo_trainer(tmp_path / "whole", steps=8, save_steps=4)
     inject(guarded(whole, overrides), {6: {"kl": 5.0}})
@@ -161,7 +162,8 @@ def test_report_reads_a_trl_output_folder(tmp_path):
     from klguard.commands.report import load_run
 
     trainer = grpo_trainer(tmp_path, steps=4, save_steps=2)
-    inject(guarded(trainer, ["guard.kl_hard_limit=1.0", "trl.gold_reward=gold", "trl.gold_window=2"]),
+    inject(guarded(trainer, ["guard.kl_hard_limit=1.0", "guard.kl_hard_patience=1", "trl.gold_reward=gold",
+                             "trl.gold_window=2"]),
            {4: {"kl": 5.0}})
     trainer.train()  # no save_state: the newest checkpoint's trainer_state.json is read
     run = load_run(tmp_path)

@@ -51,6 +51,9 @@ class Loader:
 
 
 def verl_config(tmp_path, *overrides):
+    """verl's config; the stubs' blow-ups are one step long, so the guard here rolls back on the first step above
+    its KL limit (the plugin's own default waits for kl_hard_patience=3)."""
+    overrides = (*overrides, "+klguard.guard.kl_hard_patience=1")
     root = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=root, version_base=None):
         return compose(config_name="ppo_trainer", overrides=[
@@ -80,7 +83,7 @@ def run_steps(trainer, last: int, blowup: int | None = None, save_freq: int = 2)
         trainer.global_steps = step
         if step % save_freq == 0:
             trainer._save_checkpoint()  # verl's: the step's checkpoint, before its metrics
-        m = metrics(step, kl=0.5 if step == blowup else 0.01)
+        m = metrics(step, kl=5.0 if step == blowup else 0.01)
         m.update(trainer._guard().after_step(trainer, step, m))
         logged.append(m)
         if trainer.global_steps >= trainer.total_training_steps:
@@ -102,6 +105,8 @@ def test_built_from_verls_config_it_runs_as_verls_sync_trainer(tmp_path):
     trainer = trainer_with_stubs(verl_config(tmp_path, "+klguard.guard.kl_hard_limit=0.2"))
     assert trainer.trainer_mode == "sync"
     assert trainer._guard().session.guard.cfg.kl_hard_limit == 0.2
+    cfg = trainer_with_stubs(verl_config(tmp_path))._guard().session.guard.cfg
+    assert (cfg.kl_hard_limit, cfg.kl_hard_patience) == (0.5, 1)  # the external hosts' limit; the test's patience
 
 
 def test_bad_klguard_keys_are_one_line(tmp_path):

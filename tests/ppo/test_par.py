@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from klguard.commands.cli import main
-from klguard.ppo import scoring, trainer
+from klguard.ppo import sampled, scoring, trainer
 from klguard.ppo.scoring import par_shaped
 
 
@@ -30,14 +30,14 @@ def test_a_par_run_optimises_the_shaped_score(fast_overrides, monkeypatch):
 
     monkeypatch.setattr(trainer, "reference_scores", spy)
     raw = []
-    real_score = trainer.score_rollout
+    real_score = sampled.score_rollout
 
     def score_spy(*args):
         reward = real_score(*args)
         raw.append(reward.scores)
         return reward
 
-    monkeypatch.setattr(trainer, "score_rollout", score_spy)
+    monkeypatch.setattr(sampled, "score_rollout", score_spy)
     assert main(["train", *fast_overrides, "reward_model.shaping=par", "algorithm.use_kl_in_reward=false",
                  "trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.val_before_train=false"]) == 0
     run = Path(next(a for a in fast_overrides if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])

@@ -6,40 +6,36 @@ both ``[B, T]`` and 0 where the mask is 0. Results carry no gradient (computed u
 
 Masked positions inside a response (e.g. tool/observation tokens between turns) are skipped by
 the recursive estimators: they do not reset or discount the running quantity, as verl's GAE.
+The estimators with other baselines (remax, gpg, optimal_token_baseline, gdpo) are in
+klguard.algo.advantage_baselines; the registry below holds them all.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
-from klguard.algo.stats import masked_sum, masked_whiten
+from klguard.algo.advantage_base import (
+    GroupIndex,
+    broadcast,
+    check_inputs,
+    check_unit,
+    group_ids,
+    group_stats,
+    outcome_scores,
+    zero,
+)
+from klguard.algo.advantage_baselines import (
+    gdpo_advantage,
+    gpg_advantage,
+    optimal_token_baseline_advantage,
+    remax_advantage,
+)
+from klguard.algo.stats import masked_whiten
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-# Group keys per sequence (e.g. prompt uids); anything with .tolist() or iterable works.
-GroupIndex = Sequence[Any] | torch.Tensor | np.ndarray
-
-
-def _check_inputs(rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None) -> None:
-    if rewards.dim() != 2:
-        raise ValueError(f"token_level_rewards must be [B, T], got shape {tuple(rewards.shape)}")
-    if mask.shape != rewards.shape:
-        raise ValueError(f"response_mask shape {tuple(mask.shape)} != rewards shape {tuple(rewards.shape)}")
-    if values is not None and values.shape != rewards.shape:
-        raise ValueError(f"values shape {tuple(values.shape)} != rewards shape {tuple(rewards.shape)}")
-
-
-def _check_unit(name: str, x: float) -> None:
-    if not (math.isfinite(x) and 0.0 <= x <= 1.0):
-        raise ValueError(f"{name} must be in [0, 1], got {x!r}")
-
-
-def _zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.zeros((), dtype=x.dtype, device=x.device)
 
 
 def compute_gae(
@@ -55,13 +51,13 @@ def compute_gae(
     ``returns = raw advantages + values``; ``whiten`` then normalises the advantages over all
     valid tokens of the batch (verl always whitens).
     """
-    _check_inputs(token_level_rewards, response_mask, values)
-    _check_unit("gamma", gamma)
-    _check_unit("lam", lam)
+    check_inputs(token_level_rewards, response_mask, values)
+    check_unit("gamma", gamma)
+    check_unit("lam", lam)
     with torch.no_grad():
         valid = response_mask != 0
-        rewards = torch.where(valid, token_level_rewards, _zero(token_level_rewards))
-        vals = torch.where(valid, values, _zero(values)).to(rewards.dtype)
+        rewards = torch.where(valid, token_level_rewards, zero(token_level_rewards))
+        vals = torch.where(valid, values, zero(values)).to(rewards.dtype)
         next_value = torch.zeros_like(rewards[:, 0])
         last_gae = torch.zeros_like(rewards[:, 0])
         adv = torch.zeros_like(rewards)
@@ -73,40 +69,9 @@ def compute_gae(
             next_value = torch.where(m, vals[:, t], next_value)
             last_gae = torch.where(m, gae_t, last_gae)
             adv[:, t] = last_gae
-        returns = torch.where(valid, adv + vals, _zero(adv))
-        adv = masked_whiten(adv, valid) if whiten else torch.where(valid, adv, _zero(adv))
+        returns = torch.where(valid, adv + vals, zero(adv))
+        adv = masked_whiten(adv, valid) if whiten else torch.where(valid, adv, zero(adv))
     return adv, returns
-
-
-def _group_ids(group_index: GroupIndex | None, batch_size: int, estimator: str) -> torch.Tensor:
-    """Map arbitrary hashable group keys (uids, ints) to dense ids 0..G-1."""
-    if group_index is None:
-        raise ValueError(f"adv_estimator {estimator!r} needs group_index (one group key per sequence)")
-    keys = group_index.tolist() if hasattr(group_index, "tolist") else list(group_index)
-    if len(keys) != batch_size:
-        raise ValueError(f"group_index has {len(keys)} entries, batch has {batch_size} sequences")
-    dense: dict[Any, int] = {}
-    return torch.tensor([dense.setdefault(k, len(dense)) for k in keys], dtype=torch.long)
-
-
-def _group_stats(scores: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Per-sequence (group count, group sum, group mean, unbiased group std), gathered by id."""
-    ids = ids.to(scores.device)
-    n_groups = int(ids.max()) + 1 if ids.numel() else 0
-    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, ids, torch.ones_like(scores))
-    total = torch.zeros_like(count).index_add_(0, ids, scores)
-    mean = total / count
-    sq = torch.zeros_like(count).index_add_(0, ids, (scores - mean[ids]) ** 2)
-    std = (sq / (count - 1).clamp(min=1)).sqrt()
-    return count[ids], total[ids], mean[ids], std[ids]
-
-
-def _outcome_scores(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_sum(rewards, mask, dim=-1)
-
-
-def _broadcast(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask != 0, per_seq.unsqueeze(-1), _zero(per_seq))
 
 
 def gae_advantage(
@@ -119,6 +84,7 @@ def gae_advantage(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
+    **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``gae``: whitened GAE advantages, returns = raw advantages + values."""
     if values is None:
@@ -136,23 +102,24 @@ def grpo_advantage(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
+    **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``grpo``: (score - group mean) / (group std + eps); a group of one has mean 0, std 1.
 
     ``norm_adv_by_std_in_grpo=False`` drops the std division (Dr. GRPO). Returns = advantages.
     """
-    _check_inputs(token_level_rewards, response_mask)
+    check_inputs(token_level_rewards, response_mask)
     with torch.no_grad():
-        scores = _outcome_scores(token_level_rewards, response_mask)
-        ids = _group_ids(group_index, scores.shape[0], "grpo")
-        count, _, mean, std = _group_stats(scores, ids)
+        scores = outcome_scores(token_level_rewards, response_mask)
+        ids = group_ids(group_index, scores.shape[0], "grpo")
+        count, _, mean, std = group_stats(scores, ids)
         single = count < 2
-        mean = torch.where(single, _zero(mean), mean)
+        mean = torch.where(single, zero(mean), mean)
         std = torch.where(single, torch.ones_like(std), std)
         adv = scores - mean
         if norm_adv_by_std_in_grpo:
             adv = adv / (std + eps)
-        adv = _broadcast(adv, response_mask)
+        adv = broadcast(adv, response_mask)
     return adv, adv
 
 
@@ -166,20 +133,21 @@ def rloo_advantage(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
+    **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rloo``: score minus the mean score of the other group members (Ahmadian et al. 2024).
 
     A group of one has no other member; its advantage is its raw score (verl's ``rloo``).
     Returns = advantages.
     """
-    _check_inputs(token_level_rewards, response_mask)
+    check_inputs(token_level_rewards, response_mask)
     with torch.no_grad():
-        scores = _outcome_scores(token_level_rewards, response_mask)
-        ids = _group_ids(group_index, scores.shape[0], "rloo")
-        count, total, _, _ = _group_stats(scores, ids)
+        scores = outcome_scores(token_level_rewards, response_mask)
+        ids = group_ids(group_index, scores.shape[0], "rloo")
+        count, total, _, _ = group_stats(scores, ids)
         others_mean = (total - scores) / (count - 1).clamp(min=1)
         adv = torch.where(count > 1, scores - others_mean, scores)
-        adv = _broadcast(adv, response_mask)
+        adv = broadcast(adv, response_mask)
     return adv, adv
 
 
@@ -193,22 +161,23 @@ def reinforce_plus_plus_advantage(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
+    **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``reinforce_plus_plus``: discounted return-to-go, whitened over the batch's valid tokens.
 
     Returns = the (unwhitened) return-to-go.
     """
-    _check_inputs(token_level_rewards, response_mask)
-    _check_unit("gamma", gamma)
+    check_inputs(token_level_rewards, response_mask)
+    check_unit("gamma", gamma)
     with torch.no_grad():
         valid = response_mask != 0
-        rewards = torch.where(valid, token_level_rewards, _zero(token_level_rewards))
+        rewards = torch.where(valid, token_level_rewards, zero(token_level_rewards))
         running = torch.zeros_like(rewards[:, 0])
         returns = torch.zeros_like(rewards)
         for t in reversed(range(rewards.shape[1])):
             m = valid[:, t]
             running = torch.where(m, rewards[:, t] + gamma * running, running)
-            returns[:, t] = torch.where(m, running, _zero(running))
+            returns[:, t] = torch.where(m, running, zero(running))
         adv = masked_whiten(returns, valid)
     return adv, returns
 
@@ -223,29 +192,37 @@ def reinforce_plus_plus_baseline_advantage(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
+    **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``reinforce_plus_plus_baseline``: score minus group mean (0 for a group of one),
     broadcast to tokens, then whitened over the batch's valid tokens. Returns = advantages.
     """
-    _check_inputs(token_level_rewards, response_mask)
+    check_inputs(token_level_rewards, response_mask)
     with torch.no_grad():
-        scores = _outcome_scores(token_level_rewards, response_mask)
-        ids = _group_ids(group_index, scores.shape[0], "reinforce_plus_plus_baseline")
-        count, _, mean, _ = _group_stats(scores, ids)
-        adv = scores - torch.where(count > 1, mean, _zero(mean))
-        adv = masked_whiten(_broadcast(adv, response_mask), response_mask)
+        scores = outcome_scores(token_level_rewards, response_mask)
+        ids = group_ids(group_index, scores.shape[0], "reinforce_plus_plus_baseline")
+        count, _, mean, _ = group_stats(scores, ids)
+        adv = scores - torch.where(count > 1, mean, zero(mean))
+        adv = masked_whiten(broadcast(adv, response_mask), response_mask)
     return adv, adv
 
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]  # the keys below
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gpg",
+                       "optimal_token_baseline", "gdpo"]  # the keys below
 ADV_ESTIMATORS: dict[str, AdvantageFn] = {
     "gae": gae_advantage,
     "grpo": grpo_advantage,
     "rloo": rloo_advantage,
     "reinforce_plus_plus": reinforce_plus_plus_advantage,
     "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantage,
+    "remax": remax_advantage,
+    "gpg": gpg_advantage,
+    "optimal_token_baseline": optimal_token_baseline_advantage,
+    "gdpo": gdpo_advantage,
 }
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
+# estimators that compare a prompt's responses with each other (a group of one falls back as verl's: see docs/verl.md)
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "gpg",
+                                              "optimal_token_baseline", "gdpo"})
 VALUE_ESTIMATORS: frozenset[str] = frozenset({"gae"})
 
 

@@ -43,3 +43,25 @@ def shape_rewards(token_scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, 
     seq_sum = kl.sum(-1).mean()
     rewards = token_scores - beta * kl if kl_in_reward else token_scores
     return ShapedRewards(rewards, kl, token_mean, seq_sum)
+
+
+def overlong_penalty(response_lengths: Tensor, max_resp_len: int, buffer_len: int, penalty_factor: float) -> Tensor:
+    """DAPO's overlong shaping (verl's DAPO reward manager): ``min(-(length - (max_resp_len - buffer_len)) /
+    buffer_len * penalty_factor, 0)`` per response ``[B]``; 0 up to ``max_resp_len - buffer_len`` tokens, then
+    falling linearly to ``-penalty_factor`` at ``max_resp_len``."""
+    if buffer_len <= 0:
+        raise ValueError(f"overlong buffer length must be > 0, got {buffer_len}")
+    exceed = response_lengths.to(torch.float64) - (max_resp_len - buffer_len)
+    return (-exceed / buffer_len * penalty_factor).clamp(max=0.0).to(torch.float32)
+
+
+def informative_groups(values: Tensor, group_index: Tensor) -> Tensor:
+    """DAPO's dynamic-sampling filter: ``[G]`` True for each group (ids 0..G-1 in ``group_index [B]``) whose
+    ``values [B]`` are not all equal, or that has one member (verl drops a group of two or more whose metric's std
+    is 0: every response scored alike, so a group-relative advantage is 0 for all)."""
+    groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    keep = torch.zeros(groups, dtype=torch.bool)
+    for g in range(groups):
+        members = values[group_index == g]
+        keep[g] = len(members) == 1 or bool((members != members[0]).any())
+    return keep

@@ -7,10 +7,11 @@ import argparse
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from klguard import __version__
 from klguard.errors import UserError
-from klguard.integrations.trainer_logs import FORMATS
+from klguard.integrations.logs.detect import FORMATS
 
 EPILOG = (
     "Overrides use verl's dotted syntax, e.g. algorithm.kl_ctrl.kl_coef=0.1 "
@@ -18,8 +19,8 @@ EPILOG = (
 )
 
 
-WATCH_EPILOG = ("Example: klguard watch --follow $VERL_FILE_LOGGER_PATH guard.kl_hard_limit=0.2 || scancel $JOB. "
-                "The guard's keys as in `klguard train --describe-config`.")
+WATCH_EPILOG = ("Example: klguard watch --follow train.log --map train_reward=critic/score/mean || scancel $JOB. "
+                "The guard's keys as in `klguard train --describe-config`; formats and names: docs/watch.md.")
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +28,11 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("--describe-config", action="store_true",
                         help="print every key with its resolved value and one-line description, and exit")
+    parser.add_argument("--config-path", metavar="DIR", help="verl's Hydra option: the folder of --config-name")
+    parser.add_argument("--config-name", metavar="NAME", help="verl's Hydra option: NAME.yaml in --config-path, or "
+                        "one of verl's own config names (ppo_trainer; ppo_megatron_trainer gives verl's command)")
+    parser.add_argument("--verl-command", metavar="FILE", help="for a line klguard's trainer cannot run (Megatron, "
+                        "VeOmni, multimodal, ...): also write the same line for verl with klguard's plugin to FILE")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
@@ -71,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--debug", action="store_true", help="show full tracebacks")
     watch = sub.add_parser("watch", help="the guard in advisory mode over any trainer's log: exit 0 calm, 3 when it "
                            "would roll back or pause, 2 on bad input", epilog=WATCH_EPILOG)
-    watch.add_argument("path", metavar="PATH", help="a log file or folder: verl's file logger (.jsonl), TensorBoard "
-                       "event files (verl, OpenRLHF, TRL), TRL's trainer_state.json or output folder, a klguard run")
+    watch.add_argument("path", metavar="PATH", help="a log file or folder, its format told from its content: verl's or "
+                       "TRL's console output, any JSON lines, trainer_state.json, `step: N name: value` lines, CSV, "
+                       "TensorBoard, an MLflow or W&B run, a klguard run")
     watch.add_argument("--follow", action="store_true", help="keep reading as the log grows (Ctrl-C: exit 0)")
     watch.add_argument("--format", choices=FORMATS, help="the log's format (default: detected)")
     watch.add_argument("--events", metavar="FILE", help="where decisions go (default: events.jsonl beside the log; "
@@ -80,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between reads with --follow")
     watch.add_argument("--idle-exit", type=float, metavar="S", help="with --follow: stop, calm, once the log has not "
                        "grown for S seconds (the run ended)")
+    watch.add_argument("--map", action="append", default=[], metavar="NAME=GUARD_NAME", dest="names",
+                       help="read the log's metric NAME as the guard's GUARD_NAME (repeatable), e.g. "
+                       "--map train_reward=critic/score/mean")
     watch.add_argument("--debug", action="store_true", help="show full tracebacks")
     watch.add_argument("overrides", nargs="*", metavar="key=value",
                        help="guard.*, algorithm.kl_ctrl.* (type, target_kl) and trainer.total_training_steps")
@@ -88,8 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(args: argparse.Namespace):
     from klguard.config import config_to_yaml, describe_config, load_config
+    from klguard.config.foreign import PluginFallback
 
-    loaded = load_config(args.config, args.overrides)
+    try:
+        loaded = load_config(args.config, args.overrides, config_name=args.config_name, config_path=args.config_path)
+    except PluginFallback as exc:
+        if args.verl_command:
+            Path(args.verl_command).write_text(exc.command + "\n")
+        raise
     ignored = list(loaded.ignored_verl_keys)
     engine = loaded.config.actor_rollout_ref.rollout.name
     if engine != "hf":  # vLLM/SGLang launch lines run as they are: sampling is klguard's own
@@ -194,7 +210,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     from klguard.commands.watch import Watch, WatchOptions
 
     options = WatchOptions(follow=args.follow, fmt=args.format, events=Path(args.events) if args.events else None,
-                           interval=args.interval, idle_exit=args.idle_exit)
+                           interval=args.interval, idle_exit=args.idle_exit, names=args.names)
     try:
         return Watch(args.path, args.overrides, options).run()
     except KeyboardInterrupt:

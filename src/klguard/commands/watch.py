@@ -1,26 +1,32 @@
 """`klguard watch PATH [--follow]`: the guard in advisory mode over any trainer's log as it is written.
 
-It reads verl's file logger, TensorBoard event files (verl, OpenRLHF, TRL), TRL's trainer_state.json or klguard's
-metrics.jsonl (klguard.integrations.trainer_logs), feeds each step to KLGuard, prints one line per decision and
-writes them to an events file. It acts on nothing: the exit code says what the guard decided, so that
+It reads the log in whatever format it is (klguard.integrations.logs tells it from the content: console output of
+verl and TRL, any JSON lines, trainer_state.json, `step: N name: value` lines, TensorBoard, MLflow, W&B, CSV),
+maps its metric names to the guard's (per trainer, plus `--map name=guard_name`), says which guard inputs it found
+and which rules run with which values, feeds each step to the guard, prints one line per decision and writes them
+to an events file. It acts on nothing: the exit code says what the guard decided, so that
 `klguard watch --follow LOG || scancel $JOB` stops a run the guard would have rolled back or paused:
 0 the guard stayed calm (advice such as a higher KL coefficient may have been printed), 3 it decided to roll
 back or pause (watching stops there: the run's later steps are ones the guard would not have let happen),
-2 bad input. The guard runs in a session (klguard.guard.session) whose host acts on nothing.
+2 bad input. On any log but klguard's own the guard runs with the defaults of a host that runs another trainer's
+model (klguard.guard.config.EXTERNAL_HOST_DEFAULTS), as the TRL callback and the verl plugin do.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klguard.config.restricted import load_restricted
+from klguard.commands.watch_rules import inputs_line, rules_lines
+from klguard.config.restricted import load_restricted, with_host_defaults
 from klguard.errors import UserError
 from klguard.guard import Action, AdvisoryHost, GuardSession, KLGuard
-from klguard.integrations.trainer_logs import LogReader, detect_format, open_log
+from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
+from klguard.integrations.logs import MappedLog, detect_format, open_log
+from klguard.integrations.logs.detect import NoMetricsYet
 from klguard.runtime.events import append_event
 
 EXIT_CALM, EXIT_STOP = 0, 3
@@ -28,6 +34,8 @@ STOP_KINDS = ("rollback", "pause")
 KEY_PREFIXES = ("guard.", "algorithm.kl_ctrl.", "trainer.total_training_steps")
 """The keys `watch` takes: the guard's, the KL controller's (its target and whether one steers the KL) and the
 run length (the guard's warm-up is a share of it)."""
+WHOSE = {None: "klguard's metric names", "verl": "verl's metric names", "trl": "TRL's metric names",
+         "openrlhf": "OpenRLHF's metric names", "plain": "plain metric names, read as TRL's and their synonyms"}
 TRAINER_EVENTS = ("klguard", "trl")  # formats whose trainer may write its own events.jsonl beside the log
 
 
@@ -38,12 +46,31 @@ class WatchOptions:
     events: Path | None = None
     interval: float = 1.0  # seconds between polls with --follow
     idle_exit: float | None = None  # with --follow: stop (calm) once the log has not grown for this long
+    names: list[str] = field(default_factory=list)  # --map name=guard_name
 
 
-def events_path(reader: LogReader) -> Path:
+def events_path(reader: MappedLog) -> Path:
     """events.jsonl beside the log; watch_events.jsonl where the trainer itself may write events.jsonl."""
     folder = reader.path if reader.path.is_dir() else reader.path.parent
     return folder / ("watch_events.jsonl" if reader.format in TRAINER_EVENTS else "events.jsonl")
+
+
+def parse_map(items: Sequence[str]) -> dict[str, str]:
+    """`--map name=guard_name` items as a dict; UserError naming a malformed one."""
+    out = {}
+    for item in items:
+        name, sep, guard_name = item.partition("=")
+        if not sep or not name.strip() or not guard_name.strip():
+            raise UserError(f"--map {item!r}: expected NAME=GUARD_NAME, e.g. --map train_reward=critic/score/mean")
+        out[name.strip()] = guard_name.strip()
+    return out
+
+
+def load_settings(overrides: Sequence[str], external: bool):
+    """watch's settings: the user's keys over the external hosts' defaults (`external`) or klguard's own."""
+    overrides = with_host_defaults(overrides, EXTERNAL_HOST_DEFAULTS) if external else list(overrides)
+    return load_restricted(overrides, KEY_PREFIXES, who="klguard watch",
+                           elsewhere="the watched trainer's own settings stay in its launch line")
 
 
 class Watch:
@@ -51,22 +78,29 @@ class Watch:
 
     def __init__(self, path: str | Path, overrides: Sequence[str], options: WatchOptions,
                  say: Callable[[str], None] = print) -> None:
-        config = load_restricted(overrides, KEY_PREFIXES, who="klguard watch",
-                                 elsewhere="the watched trainer's own settings stay in its launch line")
-        kc = config.algorithm.kl_ctrl
-        guard = KLGuard(config.guard, total_steps=config.trainer.total_training_steps or 0,
-                        target_kl=kc.target_kl, kl_controlled=kc.type != "fixed")
-        self.host = _WatchHost()
-        self.session = GuardSession(guard, self.host)
+        self.overrides = overrides
+        load_settings(overrides, external=False)  # a bad key is refused before the log is read
+        self.user_map = parse_map(options.names)
         self.path, self.options, self.say = Path(path).expanduser(), options, say
-        self.reader: LogReader | None = None
+        self.reader: MappedLog | None = None
+        self.session: GuardSession | None = None
+        self.host = _WatchHost()
         self.last_step: int | None = None
+        self.steps = 0  # steps judged (watching stops at a rollback or pause)
+        self.read = 0  # steps read from the log
+        self.span: tuple[int, int] | None = None  # the first and last step read
+        self.names: set[str] = set()  # the guard's names of the first steps' metrics
         self.decisions: list[Action] = []
 
     def run(self) -> int:
         if not self.path.exists():
             raise UserError(f"{self.path} does not exist")
         self.reader = self._open()
+        config = load_settings(self.overrides, external=self.reader.format != "klguard")
+        kc = config.algorithm.kl_ctrl
+        guard = KLGuard(config.guard, total_steps=config.trainer.total_training_steps or 0,
+                        target_kl=kc.target_kl, kl_controlled=kc.type != "fixed")
+        self.session = GuardSession(guard, self.host)
         events = self.host.events = self.options.events or events_path(self.reader)
         events.parent.mkdir(parents=True, exist_ok=True)
         events.write_text("")  # each watch judges the whole log again
@@ -85,23 +119,46 @@ class Watch:
                 return self._take(self.reader.poll(final=True)) or self._calm()
             time.sleep(self.options.interval)
 
-    def _open(self) -> LogReader:
-        """The reader; with --follow an empty log (its trainer not started yet) is waited for."""
+    def _open(self) -> MappedLog:
+        """The reader; with --follow an empty log, or one with no metrics line yet, is waited for."""
         while True:
             try:
-                return open_log(self.path, self.options.fmt)
+                return open_log(self.path, self.options.fmt, self.user_map)
+            except NoMetricsYet:
+                if not self.options.follow:
+                    raise
             except UserError:
                 if not self.options.follow or self.options.fmt or not _empty(self.path):
                     raise
             time.sleep(self.options.interval)
 
+    def _describe(self, steps: list[tuple[int, dict[str, float]]]) -> None:
+        """The first steps' guard inputs, and the rules that run on them or cannot fire."""
+        names = self.names = set().union(*(metrics for _, metrics in steps))
+        reader = self.reader
+        whose = WHOSE.get(reader.trainer, f"{reader.trainer}'s metric names")
+        mapped = f", --map {', '.join(f'{k}={v}' for k, v in self.user_map.items())}" if self.user_map else ""
+        self.say(f"klguard watch: {inputs_line(names)} ({whose}{mapped})")
+        run, cannot = rules_lines(self.session.guard.cfg, names)
+        self.say("klguard watch: rules: " + "; ".join(run))
+        if cannot:
+            self.say("klguard watch: cannot fire for want of their input: " + ", ".join(cannot))
+        if reader.counted:
+            self.say("klguard watch: these console dicts carry no step: steps are the entries' numbers")
+
     def _take(self, steps: list[tuple[int, dict[str, float]]]) -> int | None:
+        if steps and self.read == 0:
+            self._describe(steps)
+        if steps:
+            self.read += len(steps)
+            self.span = (steps[0][0] if self.span is None else self.span[0], steps[-1][0])
         for step, metrics in steps:
             if self.last_step is not None and step <= self.last_step:
                 continue  # a relaunched trainer logs its resumed steps again
             if self.last_step is None and step > 0:
                 self._decide(0, {})  # no step-0 validation in this log: the guard starts without a baseline
             self.last_step = step
+            self.steps += 1
             if self._decide(step, metrics):
                 self.say(f"klguard watch: the guard would stop the run at step {step}; exit {EXIT_STOP}")
                 return EXIT_STOP
@@ -114,8 +171,11 @@ class Watch:
 
     def _calm(self) -> int:
         advice = sum(a.kind != "warn" for a in self.decisions)
-        self.say(f"klguard watch: {self.last_step or 0} steps read; the guard stayed calm ({advice} advisory "
-                 f"actions, {len(self.decisions) - advice} warnings); exit {EXIT_CALM}")
+        window = self.session.guard.cfg.baseline_window
+        short = (f"; {self.steps} steps are too few for the rules that compare with the first {window}"
+                 if self.steps <= window else "")
+        self.say(f"klguard watch: {self.steps} steps read; the guard stayed calm ({advice} advisory "
+                 f"actions, {len(self.decisions) - advice} warnings){short}; exit {EXIT_CALM}")
         return EXIT_CALM
 
 

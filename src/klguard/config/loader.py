@@ -18,10 +18,11 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from klguard.config.foreign import VERL_CONFIG_NAMES, PluginFallback, find_foreign, plugin_command
 from klguard.config.schema import Config
 from klguard.config.structured import build, omegaconf_schema
 from klguard.config.validate import validate
-from klguard.config.verl_keys import canonical, verl_keys
+from klguard.config.verl_keys import canonical, newer_engine_detail, verl_keys
 from klguard.errors import ConfigError
 from klguard.fields import choice_fields, refusal
 
@@ -35,13 +36,25 @@ class LoadedConfig:
     ignored_verl_keys: list[str]
 
 
-def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> LoadedConfig:
-    """Resolve and validate the configuration; raises ConfigError with a one-line message."""
+def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = (), *,
+                config_name: str | None = None, config_path: str | None = None) -> LoadedConfig:
+    """Resolve and validate the configuration; raises ConfigError with a one-line message, PluginFallback (one
+    line with verl's command) for a line klguard's trainer cannot run. `config_name`/`config_path`: Hydra's
+    `--config-name`/`--config-path` of a verl launch line (a YAML file there, or one of verl's own config names)."""
+    fallback = _config_name_feature(config_name)
+    if config_name is not None and config_file is None and fallback is None and config_name.removesuffix(
+            ".yaml") not in VERL_CONFIG_NAMES:
+        config_file = _hydra_file(config_name, config_path)
     layers = []
     if config_file is not None:
         layers.append(_read_yaml(Path(config_file)))
     if overrides:
         layers.append(_parse_overrides(overrides))
+    found = (fallback, "--config-name", config_name) if fallback else \
+        find_foreign(pair for layer in layers for pair in _flatten(layer))
+    if found is not None:
+        name = None if config_file is not None else config_name
+        raise PluginFallback(*found, plugin_command(overrides, config_file, name, config_path))
     ignored: list[str] = []
     kept_layers = [_filter_known_keys(layer, ignored) for layer in layers]
     merged = OmegaConf.structured(omegaconf_schema(Config))
@@ -53,6 +66,18 @@ def load_config(config_file: str | Path | None = None, overrides: Sequence[str] 
         raise ConfigError(_omegaconf_message(exc)) from None
     validate(config)
     return LoadedConfig(config=config, ignored_verl_keys=sorted(set(ignored)))
+
+
+def _config_name_feature(config_name: str | None) -> str | None:
+    return VERL_CONFIG_NAMES.get(config_name.removesuffix(".yaml")) if config_name else None
+
+
+def _hydra_file(config_name: str, config_path: str | None) -> Path:
+    name = config_name if config_name.endswith((".yaml", ".yml")) else f"{config_name}.yaml"
+    path = Path(config_path or ".").expanduser() / name
+    if not path.is_file():
+        raise ConfigError(f"--config-name={config_name}: no {name} in --config-path={config_path or '.'}")
+    return path
 
 
 def config_to_yaml(config: Config) -> str:
@@ -120,12 +145,14 @@ def _filter_known_keys(layer: dict, ignored: list[str]) -> dict:
     kept: dict = {}
     for key, value in canonical(_flatten(layer)):
         top = key.split(".")[0]
+        if key == "trainer.logger" and isinstance(value, str):  # verl takes one tracker's name as well as a list
+            value = [value]
         if key in ours or _under(key, free_form) or (isinstance(value, dict) and key in free_form):
             _set(kept, key, value)
         elif _under(key, ours):  # `a.b={c: 1}` where a.b is one of our single-value keys
             leaf = next(k for k in ours if key.startswith(k + "."))
             raise ConfigError(f"{leaf} takes a single value, not a mapping (got {key})")
-        elif top in _HYDRA_KEYS or key in verl_keys() or _under(key, verl_keys()):
+        elif top in _HYDRA_KEYS or key in verl_keys() or _under(key, verl_keys()) or newer_engine_detail(key):
             ignored.append(key)
         else:
             raise ConfigError(_unknown_key_message(key, ours))

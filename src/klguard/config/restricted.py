@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 from klguard.config.loader import load_config
@@ -24,3 +25,13 @@ def load_restricted(overrides: Sequence[str], prefixes: Sequence[str], *, who: s
             takes = ", ".join(p + "*" if p.endswith(".") else p for p in prefixes)
             raise ConfigError(f"{key} is not a key of {who} (it takes {takes}); {elsewhere}")
     return load_config(overrides=list(overrides)).config
+
+
+def with_host_defaults(overrides: Sequence[str], defaults: Mapping[str, object], prefix: str = "guard.") -> list[str]:
+    """`defaults` (the guard's keys -> values: klguard.guard.config.EXTERNAL_HOST_DEFAULTS) as overrides before the
+    user's own, which win: the defaults of a host that runs another trainer's model."""
+    if isinstance(overrides, str):
+        return list(overrides)  # load_restricted refuses it with its one line
+    given = {str(item).partition("=")[0].strip().lstrip("+") for item in overrides}
+    return [f"{prefix}{key}={json.dumps(value)}" for key, value in defaults.items()
+            if f"{prefix}{key}" not in given] + list(overrides)

@@ -127,6 +127,22 @@ class KLCtrlConfig:
             fail(f"{key}.kl_coef", 0.0, f"must be > 0 with a {self.type} controller (it scales the value)")
 
 
+FilterMetric = Literal["reward", "score", "seq_reward", "acc"]
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = opt(False, "DAPO's dynamic sampling: drop the groups whose responses all got the same metric, and "
+                       "sample more prompts until data.train_batch_size groups remain")
+    metric: FilterMetric = opt("reward", "What must differ inside a group: " + choices(
+        FilterMetric, reward="the score PPO optimises (after overlong shaping)", score="the score before shaping",
+        seq_reward="= score", acc="the gold/rule score where there is one, else the score"))
+    max_num_gen_batches: int = opt(
+        0, "Most generation batches per step before the step fails (<= 0: no limit)")
+    max_inflight_gen_batches: int = opt(1, "Generation batches at once (klguard samples one at a time)",
+                                        rule=at_least(1))
+
+
 @dataclass
 class AlgorithmConfig:
     gamma: float = opt(1.0, "Discount factor", rule=interval("[0, 1]"))
@@ -139,6 +155,19 @@ class AlgorithmConfig:
         unsupported=FULL_KL_REFUSED,
     )
     kl_ctrl: KLCtrlConfig = section(KLCtrlConfig, "KL coefficient controller")
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO's dynamic sampling (group filtering)")
+    gdpo_reward_keys: list | None = opt(
+        None, "adv_estimator=gdpo: the keys of the reward function's returned dict normalised one by one")
+    gdpo_reward_weights: list | None = opt(None, "adv_estimator=gdpo: one weight per reward key (null = 1 each)")
+
+    def check(self, key: str) -> None:
+        keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
+        if self.adv_estimator == "gdpo" and not keys:
+            fail(f"{key}.gdpo_reward_keys", keys, "must list the reward function's score keys for adv_estimator=gdpo")
+        if keys is not None and not all(isinstance(k, str) for k in keys):
+            fail(f"{key}.gdpo_reward_keys", keys, "must be a list of key names")
+        if weights is not None and (not keys or len(weights) != len(keys)):
+            fail(f"{key}.gdpo_reward_weights", weights, "must give one weight per algorithm.gdpo_reward_keys entry")
 
 
 # ----------------------------------------------------------------------------- trainer

@@ -34,7 +34,7 @@ BUILTIN_MODEL = "builtin://tiny-arith"
 Strategy = Literal["fsdp2", "fsdp", "fsdp_turbo", "none"]
 DType = Literal["bfloat16", "bf16", "float32", "fp32", "auto"]
 LRScheduler = Literal["constant", "cosine"]
-RolloutName = Literal["hf", "vllm", "sglang"]
+RolloutName = Literal["hf", "vllm", "sglang", "trtllm"]
 ProfilerContent = Literal["cpu", "cuda", "memory", "shapes", "stack"]  # verl's tool_config.torch.contents
 PROFILER_CONTENTS: tuple[str, ...] = get_args(ProfilerContent)
 

@@ -39,6 +39,23 @@ class AuditModelConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    enable: bool = opt(False, "DAPO's overlong reward shaping: past max_resp_len - len tokens, subtract "
+                       "penalty_factor x (tokens over) / len from the score")
+    len: int = opt(0, "Tokens of the buffer before max_resp_len where the penalty grows", rule=at_least(0))
+    penalty_factor: float = opt(0.0, "The penalty at max_resp_len tokens", rule=non_negative)
+    log: bool = opt(False, "Log the penalty (reward/overlong_penalty) and the share penalised (reward/overlong)")
+
+
+@dataclass
+class RewardKwargsConfig:
+    overlong_buffer_cfg: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong reward shaping")
+    max_resp_len: int | None = opt(
+        None, "Response length the overlong buffer ends at (null = data.max_response_length; verl: required)",
+        rule=at_least(1, or_null=True))
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = opt(False, "Score responses with a sequence-classification reward model")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model")
@@ -61,6 +78,7 @@ class RewardModelConfig:
         uwo="mean - uwo_weight x variance (Coste et al.'s uncertainty-weighted optimisation)"))
     uwo_weight: float = opt(0.5, "The variance weight of ensemble_reduce=uwo (ours; not tuned here)",
                             rule=non_negative)
+    reward_kwargs: RewardKwargsConfig = section(RewardKwargsConfig, "verl's reward-manager settings (DAPO's)")
     shaping: Shaping = opt("none", "Reward shaping (ours): " + choices(
         Shaping, none="the score as it is", par="sigmoid(score - the score of the reference policy's response to "
         "the same prompt), Fu et al. 2025's PAR"))
@@ -68,6 +86,9 @@ class RewardModelConfig:
     def check(self, key: str) -> None:
         if self.enable and not self.model.path:
             fail(f"{key}.model.path", None, f"must be set when {key}.enable=true")
+        buffer = self.reward_kwargs.overlong_buffer_cfg
+        if buffer.enable and buffer.len <= 0:
+            fail(f"{key}.reward_kwargs.overlong_buffer_cfg.len", buffer.len, "must be > 0 when the buffer is enabled")
 
 
 @dataclass

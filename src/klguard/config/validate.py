@@ -7,7 +7,6 @@ checks that need the number of ranks.
 
 from __future__ import annotations
 
-from klguard.algo.advantage import GROUP_ESTIMATORS
 from klguard.config.batches import resolve_batches
 from klguard.config.roles import ROLES, SHARDING_KEYS, check_parallel, run_tp
 from klguard.config.roles import sharding as role_sharding
@@ -26,11 +25,15 @@ def validate(cfg: Config) -> None:
 
 
 def _check_estimator_needs(cfg: Config) -> None:
-    estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if estimator in GROUP_ESTIMATORS and n < 2:
-        fail("actor_rollout_ref.rollout.n", n, f"must be >= 2 for the group estimator {estimator}")
+    """rollout.n=1 with a group estimator is allowed: as in verl, a group of one has no baseline (docs/verl.md)."""
+    estimator = cfg.algorithm.adv_estimator
     if cfg.critic.enable is False and estimator == "gae":
         fail("critic.enable", False, "but algorithm.adv_estimator=gae needs a critic")
+    buffer, max_len = cfg.reward_model.reward_kwargs.overlong_buffer_cfg, cfg.data.max_response_length
+    end = cfg.reward_model.reward_kwargs.max_resp_len or max_len
+    if buffer.enable and buffer.len > end:
+        fail("reward_model.reward_kwargs.overlong_buffer_cfg.len", buffer.len,
+             f"must be <= max_resp_len ({end}: reward_model.reward_kwargs.max_resp_len or data.max_response_length)")
 
 
 def _check_reward_sources(cfg: Config) -> None:

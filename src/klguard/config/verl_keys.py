@@ -29,6 +29,21 @@ RENAMED = {
     "reward.custom_reward_function.reward_kwargs": "custom_reward_function.reward_kwargs",  # and the keys under it
     "critic.fsdp": "critic.model.fsdp_config",  # the critic's engine settings, every key under it
 }
+# Spellings outside both key files, taken with the same meaning: the reward manager's kwargs under 0.9.1's `reward.`
+# (DAPO's overlong_buffer_cfg, max_resp_len), and the schedule's name in verl's Megatron optimizer config, which
+# FSDP lines in verl's examples also give
+OTHER_SPELLINGS = {
+    "reward.reward_kwargs": "reward_model.reward_kwargs",
+    "actor_rollout_ref.actor.optim.lr_decay_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
+    "critic.optim.lr_decay_style": "critic.optim.lr_scheduler_type",
+}
+# Spellings of FSDP settings on verl main, by the end of the key: the compute dtype is klguard's fsdp_config.dtype
+# (autocast, weights and gradient reduction in fp32); the other parts are engine details klguard does not apply
+# (listed in the "not applicable" warning).
+_DTYPE_SUFFIXES = (".fsdp_config.mixed_precision.param_dtype", ".fsdp_config.fsdp_plan.param_dtype")
+_DTYPE_ROLES = ("actor_rollout_ref.actor", "critic.model")  # the roles with a compute dtype
+_LOAD_DTYPE_KEYS = ("actor_rollout_ref.model.torch_dtype", "critic.model.torch_dtype")
+_ENGINE_DETAIL_PARTS = (".fsdp_config.mixed_precision.", ".fsdp_config.fsdp_plan.")
 _LEGACY_SECTIONS = ("reward_model.", "custom_reward_function.")
 
 
@@ -52,10 +67,20 @@ def _null_in_0_9_1() -> frozenset[str]:
     return frozenset(k for k, v in keys if k.startswith(_LEGACY_SECTIONS) and v == "None")
 
 
+def newer_engine_detail(key: str) -> bool:
+    """A newer FSDP engine key that klguard accepts and does not apply (mixed_precision.reduce_dtype, fsdp_plan.*, the
+    dtype the weights load in: klguard keeps them in fp32 and computes in fsdp_config.dtype)."""
+    return any(part in key for part in _ENGINE_DETAIL_PARTS) or key in _LOAD_DTYPE_KEYS
+
+
 def _rename(key: str) -> str:
-    for new, old in RENAMED.items():
+    for new, old in (RENAMED | OTHER_SPELLINGS).items():
         if key == new or key.startswith(new + "."):
-            return old + key[len(new):]
+            key = old + key[len(new):]
+            break
+    for suffix in _DTYPE_SUFFIXES:
+        if key.endswith(suffix) and key.removesuffix(suffix) in _DTYPE_ROLES:
+            return key.removesuffix(suffix) + ".fsdp_config.dtype"
     return key
 
 

@@ -26,7 +26,7 @@ from klguard.guard import rules
 from klguard.guard.actions import Action
 from klguard.guard.config import GuardConfig, default_target_kl
 from klguard.guard.hacking import Evidence, describe, measure_hacking
-from klguard.guard.signals import Observation, read_metrics
+from klguard.guard.signals import LENGTH, Observation, read_metrics
 from klguard.guard.state import ALARMS, HACK_SIGNALS, GuardState
 
 _STEP_ALARMS = ("ppo_kl", "penalty_share", "grad_norm", "kl_hard", "kl_spike")
@@ -152,7 +152,10 @@ class KLGuard:
         if st.rollbacks and self.is_stable():
             st.calm_since_rollback += 1
 
-        rollback = self._rollback(step, obs, val_dropped, evidence)
+        nonfinite = rules.measure_nonfinite(cfg, st, step, metrics)
+        if nonfinite is not None:
+            return [nonfinite]
+        rollback = self._rollback(step, obs, val_dropped, evidence, rules.measure_length_collapse(cfg, st, obs))
         if rollback:
             return rollback
         actions = self._warmup_transition(step)
@@ -164,14 +167,16 @@ class KLGuard:
         actions += self._act_hacking(step, evidence)
         return actions + last
 
-    def _rollback(self, step: int, obs: Observation, val_dropped: bool, evidence: list[Evidence]) -> list[Action]:
-        """Rules 4, 5 and 9 (``hacking_action = rollback``): roll back and tighten, or pause when
-        the rollbacks are used up. At most one rollback per step; the first trigger names it."""
+    def _rollback(self, step: int, obs: Observation, val_dropped: bool, evidence: list[Evidence],
+                  collapse: tuple[float, float] | None = None) -> list[Action]:
+        """Rules 4, 5 and 9 (``hacking_action = rollback``) and a length collapse: roll back and tighten, or pause
+        when the rollbacks are used up. At most one rollback per step; the first trigger names it."""
         st, cfg = self._st, self.cfg
         triggers: list[tuple[str, str | None, float | None, float | None, str]] = []
         if st.alarms["kl_hard"] and obs.kl is not None:
             triggers.append(("kl_hard", obs.kl_name, obs.kl, cfg.kl_hard_limit,
-                             f"{obs.kl_name} {obs.kl:.4g} is above the hard limit {cfg.kl_hard_limit:.4g}"))
+                             f"{obs.kl_name} {obs.kl:.4g} is above the hard limit {cfg.kl_hard_limit:.4g}"
+                             + (f" for {st.kl_hard_streak} steps" if cfg.kl_hard_patience > 1 else "")))
         if val_dropped and st.best_val is not None and obs.val is not None:
             limit = st.best_val * (1 - cfg.val_drop_max)
             triggers.append(("val_drop", rules.VAL_METRIC, obs.val, limit, f"the validation score {obs.val:.4g} fell "
@@ -180,6 +185,9 @@ class KLGuard:
             st.fired("hacking", step)
             first = evidence[0]
             triggers.append(("hacking", first.metric, first.value, first.threshold, describe(evidence)))
+        if collapse is not None:
+            triggers.append(("length_collapse", LENGTH, *collapse, f"response_length/mean {collapse[0]:.3g} collapsed "
+                             f"below {cfg.length_collapse_ratio:g}x its first steps' mean ({collapse[1]:.3g})"))
         if not triggers:
             return []
         rule, metric, value, threshold, why = triggers[0]
@@ -244,7 +252,7 @@ class KLGuard:
         st = self._st
         st.kl_history.clear()
         st.last_kl = st.penalty_share = st.best_val = st.prev_val = st.prev_proxy = None
-        st.slow_streak = st.ppo_kl_streak = st.proxy_n = 0
+        st.slow_streak = st.ppo_kl_streak = st.proxy_n = st.kl_hard_streak = st.nonfinite_streak = 0
         st.proxy_sum = 0.0
         st.val_falling = False
         st.alarms = dict.fromkeys(ALARMS, False)

@@ -3,9 +3,22 @@ and an ``act_*`` part (actions; skipped on a step that rolls back)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 from klguard.guard.actions import Action
 from klguard.guard.config import GuardConfig
-from klguard.guard.signals import GRAD_NORM, KL_SEQ_SUM, PPO_KL, Observation, median, penalty_share
+from klguard.guard.signals import (
+    GRAD_NORM,
+    KL_SEQ_SUM,
+    PPO_KL,
+    REF_KL,
+    REF_KL_LOSS,
+    SCORE,
+    Observation,
+    median,
+    penalty_share,
+)
 from klguard.guard.state import GuardState
 
 VAL_METRIC = "val-core/*/acc/*"
@@ -165,7 +178,8 @@ def measure_kl(cfg: GuardConfig, st: GuardState, obs: Observation) -> float | No
     if kl is None:
         return None
     st.last_kl = kl
-    st.alarms["kl_hard"] = kl > cfg.kl_hard_limit
+    st.kl_hard_streak = st.kl_hard_streak + 1 if kl > cfg.kl_hard_limit else 0
+    st.alarms["kl_hard"] = st.kl_hard_streak >= cfg.kl_hard_patience
     hist = st.kl_history
     threshold = None
     # Early in a run the policy is its reference and the KL estimates are rounding noise around 0: a median of
@@ -232,3 +246,40 @@ def measure_validation(cfg: GuardConfig, st: GuardState, obs: Observation) -> bo
     st.proxy_sum, st.proxy_n = 0.0, 0
     st.best_val, st.prev_val = max(best, val), val
     return st.alarms["val_drop"]
+
+
+# ------------------------------------------------------------------ non-finite inputs
+
+NONFINITE_INPUTS = (GRAD_NORM, "actor/pg_loss", PPO_KL, REF_KL, REF_KL_LOSS, SCORE)
+
+
+def measure_nonfinite(cfg: GuardConfig, st: GuardState, step: int, metrics: Mapping[str, float]) -> Action | None:
+    """A pause once ``nonfinite_patience`` consecutive steps logged a NaN or infinite gradient norm, loss, KL or score
+    (the other rules read such a value as missing: a run whose gradients are NaN would look calm)."""
+    if cfg.nonfinite_patience <= 0:
+        return None
+    bad = [name for name in NONFINITE_INPUTS if _nonfinite(metrics.get(name))]
+    st.nonfinite_streak = st.nonfinite_streak + 1 if bad else 0
+    if not bad or st.nonfinite_streak < cfg.nonfinite_patience:
+        return None
+    return Action("pause", f"{bad[0]} is {metrics[bad[0]]} for {st.nonfinite_streak} steps in a row: the update is "
+                  "not a number, pause the run.", bad[0], None, None, None, None, step, "nonfinite")
+
+
+def _nonfinite(value: object) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+# ------------------------------------------------------------------ response-length collapse
+
+
+def measure_length_collapse(cfg: GuardConfig, st: GuardState, obs: Observation) -> tuple[float, float] | None:
+    """(length, threshold) when ``response_length/mean`` fell below ``length_collapse_ratio`` x the mean of its first
+    ``baseline_window`` values (those seen so far while they are collected): answers shrunk to a token or two."""
+    if cfg.length_collapse_ratio <= 0 or obs.length is None:
+        return None
+    base = st.collapse_base
+    threshold = cfg.length_collapse_ratio * sum(base) / len(base) if base else None
+    if len(base) < cfg.baseline_window:
+        base.append(obs.length)
+    return (obs.length, threshold) if threshold is not None and obs.length < threshold else None

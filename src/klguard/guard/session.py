@@ -27,6 +27,9 @@ from klguard.guard.host import GuardHost, HostKeys, KLCoefController
 
 PAUSE_HINTS: dict[str, str] = {
     "kl_hard": "raise {kl_coef} or {guard}kl_hard_limit",
+    "length_collapse": "raise {kl_coef} or lower {lr}, and check the reward for a short-answer exploit",
+    "nonfinite": "lower {lr}, check the reward for NaN and the precision (fp16 loss scaling), or set "
+                 "{guard}nonfinite_patience=0",
     "val_drop": "raise {kl_coef}, lower {lr} or raise {guard}val_drop_max",
     "ppo_kl": "lower {lr} or raise {guard}ppo_kl_max",
     "hacking": "raise {kl_coef} or set {guard}hacking_action=raise_kl_coef",

@@ -34,6 +34,8 @@ class GuardState:
     # Windows and streaks
     ppo_kl_streak: int = 0
     slow_streak: int = 0
+    kl_hard_streak: int = 0  # consecutive steps with the KL above kl_hard_limit
+    nonfinite_streak: int = 0  # consecutive steps with a non-finite guard input
     kl_history: list[float] = field(default_factory=list)
     last_kl: float | None = None
     penalty_share: float | None = None
@@ -50,6 +52,7 @@ class GuardState:
     length_recent: list[float] = field(default_factory=list)  # the last stable_length_window lengths
     length_ratio: float | None = None  # their mean over the baseline
     entropy_base: list[float] = field(default_factory=list)
+    collapse_base: list[float] = field(default_factory=list)  # the first lengths, for length_collapse_ratio
     kl_seq_base: list[float] = field(default_factory=list)
     repetition_base: list[float] = field(default_factory=list)
     rm_spread_base: list[float] = field(default_factory=list)
@@ -79,8 +82,9 @@ class GuardState:
             raise ValueError(f"unknown guard state keys: {', '.join(unknown)}")
         out = cls(**state)
         # Copy the containers so the caller's dict is never aliased
-        for name in ("kl_history", "length_base", "entropy_base", "length_recent", "kl_seq_base", "repetition_base",
-                     "rm_spread_base", "ref_low_base", "ref_nll_base", "rm_score_base", "audit_score_base"):
+        for name in ("kl_history", "length_base", "entropy_base", "collapse_base", "length_recent", "kl_seq_base",
+                     "repetition_base", "rm_spread_base", "ref_low_base", "ref_nll_base", "rm_score_base",
+                     "audit_score_base"):
             setattr(out, name, list(getattr(out, name)))
         out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
         out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}

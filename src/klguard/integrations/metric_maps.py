@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 TRL_METRICS: dict[str, str] = {
     "kl": "actor/kl_loss",  # TRL's KL is in the loss, a token mean (k3 estimator by default)
@@ -24,7 +24,32 @@ TRL_METRICS: dict[str, str] = {
     "completions/clipped_ratio": "response_length/clip_ratio",
     "clip_ratio/region_mean": "actor/pg_clipfrac",
 }
-"""TRL 1.x GRPOTrainer's names (``logging_steps=1``: one step's values, not a window's mean)."""
+"""TRL 1.x GRPOTrainer's names. With ``logging_steps`` > 1 a logged value is the mean over the steps since the last
+log."""
+
+TRL_EARLY_METRICS: dict[str, str] = {"completion_length": "response_length/mean"}
+"""TRL GRPOTrainer's names of early 2025 (before `completions/*`) that 1.x renamed."""
+
+VERL_METRICS: dict[str, str] = {
+    "critic/kl": "actor/reward_kl_penalty",  # verl 2024: the in-reward KL, a token mean
+    "critic/kl_coeff": "actor/reward_kl_penalty_coeff",
+    "actor/entropy_loss": "actor/entropy",  # verl up to mid 2025: the entropy's token mean, whatever its coefficient
+}
+"""verl's older names; its 2025 names are the guard's own. Also renamed by pattern (verl_name): validation scores
+`test_score/<source>` (2024) as `val-core/<source>/acc/mean@1`, `val-core/<source>/reward/<stat>` as
+`val-core/<source>/acc/<stat>` where no `acc` is logged (a 0/1 rule reward is the accuracy), and a value logged in
+units of its name, `actor/lr(1e-4)`, as `actor/lr`."""
+
+PLAIN_METRICS: dict[str, str] = {
+    **TRL_METRICS, **TRL_EARLY_METRICS,
+    "train_reward": "critic/score/mean", "reward/mean": "critic/score/mean", "rewards/mean": "critic/score/mean",
+    "train_reward_std": "critic/score/std", "reward/std": "critic/score/std",
+    "lr": "actor/lr", "optim/lr": "actor/lr",
+    "completion_tokens": "response_length/mean", "response_length": "response_length/mean",
+    "policy/entropy": "actor/entropy",
+}
+"""Home-made loops and other trainers (Tinker's cookbook, per-step JSON lines): the plain names TRL uses and their
+usual synonyms. `kl` is read as the KL to the reference in the loss (a token mean), as TRL's."""
 
 OPENRLHF_METRICS: dict[str, str] = {
     "kl": "actor/reward_kl_penalty",  # the in-reward KL (k1 by default), or the KL loss with --algo.kl.use_loss
@@ -44,7 +69,9 @@ OPENRLHF_METRICS: dict[str, str] = {
 """OpenRLHF's PPO logs (TensorBoard `train/<key>`, one entry per global step; read at OpenRLHF 3c3be62). It does
 not log the KL coefficient, so the penalty-share rule has no input there."""
 
-METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS, "openrlhf": OPENRLHF_METRICS}
+METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS | TRL_EARLY_METRICS, "openrlhf": OPENRLHF_METRICS,
+                                          "verl": VERL_METRICS,
+                                          "plain": PLAIN_METRICS}
 
 _OPENRLHF_EVAL = re.compile(r"^eval/eval_(.+)_pass1$")
 _OPENRLHF_ONLY = {"policy_loss", "actor_lr", "actor_grad_norm", "ppo_clip_ratio", "response_length"}
@@ -60,18 +87,23 @@ def trainer_of_tensorboard_tags(tags: Mapping[str, float]) -> str | None:
 
 
 def from_tensorboard(tags: Mapping[str, float], trainer: str | None) -> dict[str, float]:
-    """One step's TensorBoard scalars under klguard's names: `train/<key>` through the trainer's map, OpenRLHF's
-    `eval/eval_<source>_pass1` as the validation score `val-core/<source>/acc/mean@1`."""
+    """One step's TensorBoard scalars under klguard's names (finite values only)."""
     if trainer is None:
         return to_klguard_names(tags, None)
-    named: dict[str, object] = {}
+    return to_klguard_names(tensorboard_names(tags, trainer), trainer)
+
+
+def tensorboard_names(tags: Mapping[str, float], trainer: str) -> dict[str, float]:
+    """TRL's and OpenRLHF's `train/<key>` tags as `<key>` (the trainer's own name, for its map), OpenRLHF's
+    `eval/eval_<source>_pass1` as the validation score `val-core/<source>/acc/mean@1`."""
+    named: dict[str, float] = {}
     for tag, value in tags.items():
         evaluation = _OPENRLHF_EVAL.match(tag) if trainer == "openrlhf" else None
         if evaluation:
             named[f"val-core/{evaluation.group(1)}/acc/mean@1"] = value
         elif tag.startswith("train/"):
             named[tag.removeprefix("train/")] = value
-    return to_klguard_names(named, trainer)
+    return named
 
 
 def to_klguard_names(logs: Mapping[str, object], trainer: str | None) -> dict[str, float]:
@@ -83,4 +115,62 @@ def to_klguard_names(logs: Mapping[str, object], trainer: str | None) -> dict[st
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             continue
         out[mapping.get(key, key)] = float(value)
+    return out
+
+
+_VERL_TEST_SCORE = re.compile(r"^test_score/(.+)$")
+_VERL_VAL_REWARD = re.compile(r"^val-core/(.+)/reward/([^/]+)$")
+_IN_UNITS = re.compile(r"^(.+)\(([0-9.]+(?:e[-+]?\d+)?)\)$")
+_VERL_PREFIXES = ("actor/", "critic/", "val-core/", "timing_s/", "timing/", "response_length/")
+_TRL_ONLY = ("completions/", "rewards/", "clip_ratio/")
+
+
+def trainer_of_names(names: Collection[str]) -> str:
+    """Whose metric names these are: "verl" (its `actor/`, `critic/` groups), "trl" (`completions/*`,
+    `rewards/<fn>/*`, `reward_std`), else "plain" (any other trainer's flat names)."""
+    if any(name.startswith(_VERL_PREFIXES) for name in names):
+        return "verl"
+    if any(name.startswith(_TRL_ONLY) or name in ("reward_std", "completion_length") for name in names):
+        return "trl"
+    return "plain"
+
+
+def verl_name(name: str, value: float, logged: Collection[str]) -> tuple[str, float]:
+    """verl's older names and patterns as the guard's (VERL_METRICS' note); `logged`: the step's other names."""
+    if name in VERL_METRICS:
+        return VERL_METRICS[name], value
+    match = _VERL_TEST_SCORE.match(name)
+    if match:
+        return f"val-core/{match.group(1)}/acc/mean@1", value
+    match = _VERL_VAL_REWARD.match(name)
+    if match and not any(k.startswith(f"val-core/{match.group(1)}/acc/") for k in logged):
+        return f"val-core/{match.group(1)}/acc/{match.group(2)}", value
+    match = _IN_UNITS.match(name)
+    if match:
+        return match.group(1), value * float(match.group(2))
+    return name, value
+
+
+def guard_names(raw: Mapping[str, float], trainer: str | None,
+                user_map: Mapping[str, str] | None = None) -> dict[str, float]:
+    """One step's raw metrics under the guard's names, non-finite values kept (a NaN gradient norm is news).
+    `user_map` (`--map name=guard_name`) goes first; a trainer's name never replaces a name the step logs itself;
+    the other names are kept as they are. TRL without `reward`: the sum of `rewards/<fn>/mean` is the score."""
+    user_map = user_map or {}
+    mapping = METRIC_MAPS.get(trainer, {}) if trainer is not None else {}
+    out: dict[str, float] = {}
+    kept: list[tuple[str, float]] = []
+    renamed: list[tuple[str, float]] = []
+    for name, value in raw.items():
+        if name in user_map:
+            out[user_map[name]] = float(value)
+            continue
+        new = verl_name(name, float(value), raw) if trainer == "verl" else (mapping.get(name, name), float(value))
+        (kept if new[0] == name else renamed).append(new)
+    for name, value in kept + renamed:
+        out.setdefault(name, value)
+    if trainer in ("trl", "plain") and "critic/score/mean" not in out:
+        parts = [v for k, v in raw.items() if k.startswith("rewards/") and k.endswith("/mean")]
+        if parts:
+            out["critic/score/mean"] = sum(parts)
     return out

@@ -15,6 +15,7 @@ from klguard.config import Config
 from klguard.data.dataset import RLDataset, collate_left_pad
 from klguard.distributed import data_parallel, even_slice
 from klguard.distributed.fsdp import unsharded
+from klguard.errors import UserError
 from klguard.model.loading import precision_scope
 from klguard.ppo.metrics import validation_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
@@ -29,6 +30,18 @@ def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch) ->
         skip_special_tokens=True)
     return rewards(texts, out.response_lengths.tolist(), [r.data_source for r in rows],
                    [r.ground_truth for r in rows], [r.extra_info for r in rows], prompts=[r.raw_prompt for r in rows])
+
+
+def gdpo_components(keys: list[str], extra: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:
+    """GDPO's per-key scores [N] from the custom reward function's returned dicts, in `algorithm.gdpo_reward_keys`
+    order."""
+    extra = extra or {}
+    missing = [k for k in keys if k not in extra]
+    if missing:
+        have = ", ".join(sorted(extra)) or "none: it returns no dict, or the reward is not custom_reward_function's"
+        raise UserError(f"algorithm.gdpo_reward_keys: the reward function's results have no number under "
+                        f"{missing[0]!r} on every row (their keys: {have})")
+    return [extra[k] for k in keys]
 
 
 def par_shaped(scores: torch.Tensor, reference_scores: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,7 +35,9 @@ from klguard.ppo.checkpointing import Checkpoints
 from klguard.ppo.guard_hooks import GuardHooks
 from klguard.ppo.metrics import rollout_metrics, support_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
-from klguard.ppo.scoring import par_shaped, reference_scores, score_rollout, validate_policy
+from klguard.ppo.sampled import PromptBatch, Sampled, greedy_baselines, sample, sum_pi_squared
+from klguard.ppo.sampled import timed as _timed
+from klguard.ppo.scoring import gdpo_components, reference_scores, validate_policy
 from klguard.ppo.setup import (
     build_datasets,
     build_rewards,
@@ -59,18 +60,6 @@ from klguard.ppo.update import (
 )
 from klguard.runtime.profiling import build_profiler, phase
 from klguard.runtime.seeding import seed_everything, step_generator
-
-
-@dataclass
-class PromptBatch:
-    """One step's prompts: dataset rows (each repeated rollout.n times), their left-padded ids, and this rank's
-    share of them (one process: all of them)."""
-
-    rows: list
-    group_index: Tensor  # [B] the prompt (group) of each row
-    prompt_ids: Tensor  # [B, P]
-    prompt_mask: Tensor  # [B, P]
-    layout: RowLayout
 
 
 class PPOTrainer:
@@ -132,20 +121,10 @@ class PPOTrainer:
         cfg, state, timing = self.cfg, self.state, {}
         self.dist.maybe_inject_failure(state.step)
         started = time.perf_counter()
-        prompts = self._prompts()  # 1. prompts, each repeated rollout.n times (a group's rows are consecutive)
-        with _timed(timing, "gen"):  # 2. rollout: old log-probs come from the sampling loop itself
-            out, resharding = self._rollout(prompts)
-        timing |= {"reshard": resharding} if resharding is not None else {}  # gathering the actor's weights
+        sampled = sample(self, timing)  # 1-3. prompts (each rollout.n times), rollouts, scores (klguard.ppo.sampled)
+        prompts, out, reward = sampled.prompts, sampled.out, sampled.reward
         mask = out.response_mask.float()
-        check_finite({"old_log_probs": out.old_logprobs}, mask)
-        with _timed(timing, "reward"):  # 3. rewards: the score sits on the last response token
-            reward = score_rollout(self.rewards, self.tokenizer, prompts.rows, out)
-        check_finite({"rewards": reward.scores})
-        scores = reward.scores
-        if cfg.reward_model.shaping == "par":  # PAR: the score relative to the reference policy's response
-            with _timed(timing, "par"):
-                scores = par_shaped(scores, self._reference_scores(prompts))
-        token_scores = token_level_scores(scores, out.response_lengths, mask)
+        token_scores = token_level_scores(sampled.scores, out.response_lengths, mask)
         ref_logprobs, token_rewards, kl_metrics = None, token_scores, {}
         kl_coef = state.kl_ctrl.value  # this step's coefficient, in the reward or (steers_kl_loss) in the loss
         if state.ref is not None:  # 4. reference log-probs, the KL penalty in the reward
@@ -159,10 +138,7 @@ class PPOTrainer:
             with _timed(timing, "values"):
                 values, vpreds = self._values(prompts.layout, out, mask)
         with _timed(timing, "adv"):
-            advantages, returns = compute_advantage(
-                cfg.algorithm.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, values=values,
-                group_index=prompts.group_index, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+            advantages, returns = self._advantages(sampled, token_rewards, mask, values)
         check_finite({"critic/values": values, "critic/advantages": advantages, "critic/returns": returns}, mask)
         batch = self._local_batch(prompts.layout, PPOBatch(out.input_ids, out.attention_mask, mask,
                                                            out.old_logprobs, advantages, returns, values,
@@ -180,7 +156,7 @@ class PPOTrainer:
         return {
             **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
             **kl_metrics, **update_metrics,
-            **{f"timing_s/{k}": v for k, v in timing.items()},
+            **sampled.metrics, **{f"timing_s/{k}": v for k, v in timing.items()},
             "perf/throughput": float(out.attention_mask.sum()) / timing["step"], **reshard,
             "training/global_step": state.step + 1, "training/epoch": state.sampler.epoch,
             "training/nonfinite_skipped": float(bool(nonfinite)),
@@ -188,10 +164,30 @@ class PPOTrainer:
 
     def _prompts(self) -> PromptBatch:
         n = self.cfg.actor_rollout_ref.rollout.n
-        rows = [self.train_data[i] for i in self.state.sampler.next_batch() for _ in range(n)]
+        return self._prompt_batch([self.train_data[i] for i in self.state.sampler.next_batch() for _ in range(n)])
+
+    def _prompt_batch(self, rows: list) -> PromptBatch:
+        """Rows of consecutive groups of rollout.n, collated, with this rank's share of them."""
         prompt_ids, prompt_mask = collate_left_pad(rows, self.tokenizer.pad_token_id)
         layout = RowLayout(len(rows), self.batches.actor_block, self.dist.dp_rank, self.dist.dp_size)  # this rank's
-        return PromptBatch(rows, torch.arange(len(rows)) // n, prompt_ids, prompt_mask, layout)
+        return PromptBatch(rows, torch.arange(len(rows)) // self.cfg.actor_rollout_ref.rollout.n, prompt_ids,
+                           prompt_mask, layout)
+
+    def _advantages(self, sampled: Sampled, token_rewards: Tensor, mask: Tensor, values: Tensor | None
+                    ) -> tuple[Tensor, Tensor]:
+        """algorithm.adv_estimator's advantages and returns, with what remax, optimal_token_baseline and gdpo need."""
+        alg, extra = self.cfg.algorithm, {}
+        if alg.adv_estimator == "remax":
+            extra["reward_baselines"] = greedy_baselines(self, sampled.prompts).to(token_rewards)
+        elif alg.adv_estimator == "optimal_token_baseline":
+            extra = {"old_log_probs": sampled.out.old_logprobs.float(),
+                     "sum_pi_squared": sum_pi_squared(self, sampled.prompts, sampled.out).to(token_rewards)}
+        elif alg.adv_estimator == "gdpo":
+            extra = {"reward_components": gdpo_components(alg.gdpo_reward_keys, sampled.reward.extra),
+                     "reward_weights": alg.gdpo_reward_weights}
+        return compute_advantage(alg.adv_estimator, token_level_rewards=token_rewards, response_mask=mask,
+                                 values=values, group_index=sampled.prompts.group_index, gamma=alg.gamma, lam=alg.lam,
+                                 norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **extra)
 
     def _rollout(self, prompts: PromptBatch) -> tuple[RolloutBatch, float | None]:
         """Sampled with the KV cache from this rank's rows, gathered; on the actor's weights, gathered for it
@@ -366,12 +362,3 @@ class PPOTrainer:
 
 def _quiet(message: str) -> None:
     """The log of ranks other than 0."""
-
-
-@contextmanager
-def _timed(timing: dict[str, float], name: str):
-    """Adds the block's wall time to `timing[name]`; a labelled range in a global_profiler trace."""
-    start = time.perf_counter()
-    with phase(name):
-        yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start

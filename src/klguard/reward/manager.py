@@ -39,6 +39,7 @@ class RewardOutput:
     spread: torch.Tensor | None = None  # [N] an RM ensemble's disagreement (standard deviation over members)
     rm_scores: torch.Tensor | None = None  # [N] the optimised reward model's own score (before penalties, rules)
     audit: torch.Tensor | None = None  # [N] the audit reward model's score (never optimised)
+    extra: dict[str, torch.Tensor] | None = None  # [N] each number the custom function's dicts returned (GDPO's keys)
 
 
 class TaskReward(Protocol):
@@ -125,6 +126,8 @@ class RewardManager:
         self.custom = load_custom_reward(crf.path, crf.name) if crf.path else None
         self.custom_kwargs = dict(crf.reward_kwargs)
         self.rm_cfg = config.reward_model
+        self._extra: list[dict[str, float]] = []
+        self._rows = 0
         self.model = self.audit = None
         self.learned_rm = learned_rm is not None
         if config.reward_model.enable or learned_rm is not None:
@@ -141,6 +144,8 @@ class RewardManager:
         try:
             if self.custom is not None:
                 result = self.custom(data_source, text, ground_truth, extra_info, **self.custom_kwargs)
+                if isinstance(result, dict):
+                    self._extra.append({k: float(v) for k, v in result.items() if isinstance(v, (int, float, bool))})
                 value = result["score"] if isinstance(result, dict) else result
             else:
                 value = compute_gold_score(data_source, text, ground_truth)
@@ -153,6 +158,14 @@ class RewardManager:
     def _rules(self, texts, data_sources, ground_truths, extra_infos) -> list[float]:
         return [self._rule(i, ds, t, gt, ex) for i, (t, ds, gt, ex)
                 in enumerate(zip(texts, data_sources, ground_truths, extra_infos, strict=True))]
+
+    def _extras(self) -> dict[str, torch.Tensor] | None:
+        """The numbers every row's dict holds, one tensor per key (None without dicts)."""
+        rows = self._extra
+        if not rows or len(rows) != self._rows:
+            return None
+        keys = [k for k in rows[0] if all(k in r for r in rows)]
+        return {k: torch.tensor([r[k] for r in rows]) for k in keys}
 
     def _with_model(self, texts, n_tokens, data_sources, ground_truths, extra_infos, prompts) -> RewardOutput:
         if prompts is None:
@@ -176,12 +189,15 @@ class RewardManager:
                  ground_truths: Sequence[str], extra_infos: Sequence[Any],
                  prompts: Sequence[Sequence[dict[str, str]]] | None = None) -> RewardOutput:
         """`prompts` (each row's chat messages) are needed only by a reward model."""
+        self._extra, self._rows = [], len(texts)  # the custom function's dicts of this call, one per row
         if self.model is not None:
-            return self._with_model(texts, n_tokens, data_sources, ground_truths, extra_infos, prompts)
+            out = self._with_model(texts, n_tokens, data_sources, ground_truths, extra_infos, prompts)
+            out.extra = self._extras()
+            return out
         rule = self._rules(texts, data_sources, ground_truths, extra_infos)
         if not self.proxy_on:
-            return RewardOutput(torch.tensor(rule), None, None)
+            return RewardOutput(torch.tensor(rule), None, None, extra=self._extras())
         proxy = [self.task.proxy(t, n, gt) for t, n, gt in zip(texts, n_tokens, ground_truths, strict=True)]
         yardstick = [self.task.reference_proxy(gt, self.tokenizer) for gt in ground_truths]
         scores, gold = torch.tensor(proxy), torch.tensor(rule)
-        return RewardOutput(scores, gold, self.task.hacked(gold, scores, torch.tensor(yardstick)))
+        return RewardOutput(scores, gold, self.task.hacked(gold, scores, torch.tensor(yardstick)), extra=self._extras())

@@ -11,7 +11,8 @@ import pytest
 
 from klguard.commands.cli import main
 
-BLOWUP = 8  # the step whose KL crosses guard.kl_hard_limit (0.1)
+BLOWUP = 8  # the first step whose KL (0.8) is above the external hosts' kl_hard_limit (0.5)
+STOP = BLOWUP + 2  # the third such step in a row (kl_hard_patience 3): the rollback
 
 
 def verl_step(step: int, kl: float | None = None) -> dict[str, float]:
@@ -22,7 +23,8 @@ def verl_step(step: int, kl: float | None = None) -> dict[str, float]:
 
 
 def steps(n: int, blowup: int | None = BLOWUP) -> list[tuple[int, dict[str, float]]]:
-    return [(s, verl_step(s, 0.5 if s == blowup else None)) for s in range(1, n + 1)]
+    """A run whose KL blows up at `blowup` and stays up, as a real blow-up does."""
+    return [(s, verl_step(s, 0.8 if blowup is not None and s >= blowup else None)) for s in range(1, n + 1)]
 
 
 def verl_file_log(tmp_path, monkeypatch, rows) -> str:
@@ -45,11 +47,12 @@ def test_a_hacking_verl_log_exits_3_at_the_blowup_step(tmp_path, monkeypatch, ca
     path = verl_file_log(tmp_path, monkeypatch, steps(12))
     assert main(["watch", path]) == 3
     out = capsys.readouterr().out
-    assert f"the guard would stop the run at step {BLOWUP}; exit 3" in out
+    assert f"the guard would stop the run at step {STOP}; exit 3" in out
     events = [json.loads(x) for x in (tmp_path / "verl_logs" / "events.jsonl").read_text().splitlines()]
-    assert events[0]["kind"] == "rollback" and events[0]["step"] == BLOWUP and events[0]["advisory"] is True
-    assert events[0]["metric"] == "actor/reward_kl_penalty" and events[0]["value"] == 0.5
-    assert {e["step"] for e in events} == {BLOWUP}  # nothing after the stop
+    rollback = next(e for e in events if e["kind"] == "rollback")
+    assert rollback["step"] == STOP and rollback["advisory"] is True and rollback["rule"] == "kl_hard"
+    assert rollback["metric"] == "actor/reward_kl_penalty" and rollback["value"] == 0.8
+    assert {e["step"] for e in events} <= set(range(BLOWUP, STOP + 1))  # advice from the spike on; nothing after
 
 
 def test_a_calm_verl_log_exits_0(tmp_path, monkeypatch, capsys):
@@ -61,7 +64,7 @@ def test_a_calm_verl_log_exits_0(tmp_path, monkeypatch, capsys):
 
 def test_guard_keys_change_the_decision(tmp_path, monkeypatch):
     path = verl_file_log(tmp_path, monkeypatch, steps(12))
-    assert main(["watch", path, "guard.kl_hard_limit=0.6"]) == 0
+    assert main(["watch", path, "guard.kl_hard_limit=0.9"]) == 0
     assert main(["watch", path, "guard.enable=false"]) == 0
 
 
@@ -79,9 +82,9 @@ def test_tensorboard_logs_of_verl_and_openrlhf(tmp_path, capsys):
             openrlhf.add_scalar("train/response_length", data["response_length/mean"], step)
     for folder in (verl_dir, openrlhf_dir):
         assert main(["watch", str(folder)]) == 3
-        assert f"stop the run at step {BLOWUP}" in capsys.readouterr().out
-        event = json.loads((folder / "events.jsonl").read_text().splitlines()[0])
-        assert (event["kind"], event["metric"]) == ("rollback", "actor/reward_kl_penalty")
+        assert f"stop the run at step {STOP}" in capsys.readouterr().out
+        events = [json.loads(x) for x in (folder / "events.jsonl").read_text().splitlines()]
+        assert ("rollback", "actor/reward_kl_penalty") in {(e["kind"], e["metric"]) for e in events}
 
 
 def test_trl_trainer_state(tmp_path, capsys):
@@ -92,9 +95,9 @@ def test_trl_trainer_state(tmp_path, capsys):
     (tmp_path / "checkpoint-12").mkdir()
     TrainerState(global_step=12, log_history=history).save_to_json(str(tmp_path / "checkpoint-12/trainer_state.json"))
     assert main(["watch", str(tmp_path)]) == 3
-    assert f"stop the run at step {BLOWUP}" in capsys.readouterr().out
-    event = json.loads((tmp_path / "watch_events.jsonl").read_text().splitlines()[0])
-    assert event["metric"] == "actor/kl_loss"  # TRL's kl is a loss term
+    assert f"stop the run at step {STOP}" in capsys.readouterr().out
+    events = [json.loads(x) for x in (tmp_path / "watch_events.jsonl").read_text().splitlines()]
+    assert next(e for e in events if e["kind"] == "rollback")["metric"] == "actor/kl_loss"  # TRL's kl: a loss term
 
 
 def test_klguard_run_gives_the_trainers_own_decisions(tmp_path, fast_overrides):
@@ -132,7 +135,7 @@ def test_follow_reads_a_file_still_being_written(tmp_path, capsys):
     code = main(["watch", str(path), "--follow", "--interval", "0.02"])
     thread.join()
     assert code == 3 and time.monotonic() - started < 30
-    assert f"stop the run at step {BLOWUP}" in capsys.readouterr().out
+    assert f"stop the run at step {STOP}" in capsys.readouterr().out
 
 
 def test_follow_ends_calm_when_the_log_stops_growing(tmp_path, capsys):
@@ -145,9 +148,12 @@ def test_follow_ends_calm_when_the_log_stops_growing(tmp_path, capsys):
 @pytest.mark.parametrize(("content", "args", "message"), [
     (None, [], "does not exist"),
     ("", [], "is empty: its format cannot be told yet"),
-    ("hello\n", [], "line 1 is not JSON"),
+    ("hello\n", [], "no metrics in its first 1 lines in a format klguard reads"),
     ('{"step": 1, "data": {}}\nnot json\n', [], "line 2 is not JSON"),
-    ('{"x": 1}\n', [], "line 1 is neither a klguard nor a verl metrics line"),
+    ('{"x": 1}\n', [], "no metrics in its first 1 lines"),
+    ('{"step": 1, "kl": 0.1}\n{"kl": 0.2}\n', [], "line 2 is not a jsonl metrics line"),
+    ("kl,reward\n0.1,0.5\n0.2,0.6\n", [], "the header row has no step column"),
+    ('{"step": 1, "kl": 0.1}\n', ["--map", "kl"], "--map 'kl': expected NAME=GUARD_NAME"),
     ('{"step": 1}\n', ["guard.kl_hard_limit=-1"], "guard.kl_hard_limit=-1.0 must be > 0"),
     ('{"step": 1}\n', ["data.train_batch_size=8"], "data.train_batch_size is not a key of klguard watch"),
 ])
@@ -163,5 +169,57 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, args, messa
 def test_unknown_format_is_refused_by_the_parser(tmp_path):
     (tmp_path / "log.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit) as info:
-        main(["watch", str(tmp_path / "log.jsonl"), "--format", "csv"])
+        main(["watch", str(tmp_path / "log.jsonl"), "--format", "xml"])
     assert info.value.code == 2
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps({"step": step, **row}) + "\n" for step, row in rows))
+    return str(path)
+
+
+def test_first_lines_name_the_inputs_the_rules_and_what_cannot_fire(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "log.jsonl", [(s, {"kl": 0.01, "reward": 0.5}) for s in (1, 2, 5)])
+    assert main(["watch", path]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "guard inputs found: actor/kl_loss, critic/score/mean (plain metric names" in out[1]
+    assert "kl_hard: KL to the reference > 0.5 for 3 steps: roll back" in out[2]
+    assert "ppo_kl (no actor/ppo_kl)" in out[3] and "entropy_collapse (no actor/entropy)" in out[3]
+    assert "3 steps read; the guard stayed calm" in out[-1] and "too few" in out[-1]
+
+
+def test_the_name_map_makes_a_log_judgeable(tmp_path, capsys):
+    rows = [(s, {"divergence": 0.9 if s >= 4 else 0.01, "r": 0.5}) for s in range(1, 9)]
+    path = write_jsonl(tmp_path / "log.jsonl", rows)
+    assert main(["watch", path]) == 0  # `divergence` means nothing to the guard
+    assert main(["watch", path, "--map", "divergence=actor/kl_loss", "--map", "r=critic/score/mean"]) == 3
+    out = capsys.readouterr().out
+    assert "--map divergence=actor/kl_loss, r=critic/score/mean" in out and "stop the run at step 6" in out
+
+
+def test_nan_gradient_norms_pause_at_the_third_step(tmp_path, capsys):
+    lines = [f"{{'loss': 0.0, 'grad_norm': nan, 'reward': -1.0, 'kl': 0.0, 'epoch': {s / 100}}}" for s in range(6)]
+    (tmp_path / "out.txt").write_text("\n".join(lines) + "\n")
+    assert main(["watch", str(tmp_path / "out.txt")]) == 3
+    assert "stop the run at step 3" in capsys.readouterr().out
+    event = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[0])
+    assert (event["kind"], event["rule"], event["metric"]) == ("pause", "nonfinite", "actor/grad_norm")
+    assert main(["watch", str(tmp_path / "out.txt"), "guard.nonfinite_patience=0"]) == 0
+
+
+def test_answers_collapsing_to_a_token_roll_back(tmp_path, capsys):
+    rows = [(s, {"completion_length": 60.0 if s < 4 else 2.0, "reward": 0.5}) for s in range(1, 8)]
+    path = write_jsonl(tmp_path / "log.jsonl", rows)
+    assert main(["watch", path]) == 3
+    assert "stop the run at step 4" in capsys.readouterr().out
+    assert json.loads((tmp_path / "events.jsonl").read_text().splitlines()[0])["rule"] == "length_collapse"
+
+
+def test_klguards_own_log_keeps_klguards_own_thresholds(tmp_path, capsys):
+    """A single step of KL 0.2 is above klguard's own kl_hard_limit (0.1, patience 1) but no external host's."""
+    rows = [(s, verl_step(s, 0.2 if s == 5 else None)) for s in range(1, 9)]
+    own = write_jsonl(tmp_path / "metrics.jsonl", rows)
+    assert main(["watch", own]) == 3 and "stop the run at step 5" in capsys.readouterr().out
+    verl = tmp_path / "verl.jsonl"
+    verl.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows))
+    assert main(["watch", str(verl)]) == 0

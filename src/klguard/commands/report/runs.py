@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klguard.errors import UserError
-from klguard.integrations.trainer_logs import trainer_state_file, trl_steps
+from klguard.integrations.logs.stores import state_steps, trainer_state_file
+from klguard.integrations.metric_maps import to_klguard_names
 
 VAL_HACKING_SUFFIX = "/hacking_rate/mean@1"
 
@@ -99,4 +100,4 @@ def _trl_rows(folder: Path) -> list[dict]:
     if state is None:
         raise UserError(f"{folder} is not a klguard run directory (no metrics.jsonl) nor a TRL output folder "
                         "(no trainer_state.json)")
-    return [{**metrics, "step": step} for step, metrics in trl_steps(state)]
+    return [{**to_klguard_names(metrics, "trl"), "step": step} for step, metrics in state_steps(state)]

@@ -30,7 +30,7 @@ from klguard.algo.kl import build_kl_controller
 from klguard.guard import GuardSession, HostKeys, KLGuard
 from klguard.guard.signals import REF_KL_LOSS
 from klguard.integrations.gold import GoldWindow
-from klguard.integrations.metric_maps import to_klguard_names
+from klguard.integrations.metric_maps import guard_names, to_klguard_names
 from klguard.integrations.trl import trainer_ops
 from klguard.integrations.trl.settings import check_trainer, load_settings
 from klguard.runtime.events import append_event, truncate_logs
@@ -136,6 +136,9 @@ class KLGuardCallback(TrainerCallback, ExportableState):
     # ------------------------------------------------------------------ inputs
     def _guard_inputs(self, logs: dict[str, Any], beta: float) -> dict[str, float]:
         metrics = to_klguard_names(logs, "trl") | {"actor/kl_coef": float(beta)}
+        # a NaN gradient norm, loss or score is news to the guard's nonfinite rule (never to the KL controller)
+        nonfinite = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
+        metrics |= {k: v for k, v in guard_names(nonfinite, "trl").items() if k != REF_KL_LOSS}
         gold_name = self.settings.trl.gold_reward
         if gold_name is None:
             return metrics

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from klguard.config import ConfigError
-from klguard.config.restricted import load_restricted
+from klguard.config.restricted import load_restricted, with_host_defaults
 from klguard.config.schema import KLCtrlConfig, TRLConfig
 from klguard.guard import GuardConfig
+from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 
 KEY_PREFIXES = ("guard.", "algorithm.kl_ctrl.", "trl.")
 """The keys a TRL run takes from klguard; TRL's own training settings stay in GRPOConfig."""
@@ -30,6 +31,7 @@ class CallbackSettings:
 
 def load_settings(overrides: Sequence[str]) -> CallbackSettings:
     """Parse ``overrides`` (``"key=value"`` strings, klguard's keys) into the callback's settings."""
+    overrides = with_host_defaults(overrides, EXTERNAL_HOST_DEFAULTS)  # another trainer's model: not the built-in's
     config = load_restricted(overrides, KEY_PREFIXES, who="the TRL callback", refused=REFUSED,
                              elsewhere="set TRL's training settings in GRPOConfig")
     return CallbackSettings(config.guard, config.algorithm.kl_ctrl, config.trl)

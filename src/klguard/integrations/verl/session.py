@@ -23,9 +23,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from klguard.config.restricted import load_restricted
+from klguard.config.restricted import load_restricted, with_host_defaults
 from klguard.config.schema import Config
 from klguard.guard import GuardSession, HostKeys, KLGuard
+from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 from klguard.runtime.events import append_event
 
 STATE_FILE = "klguard_state.json"
@@ -38,6 +39,7 @@ def guard_settings(verl_config: DictConfig) -> Config:
     block = verl_config.get("klguard") or {}
     tree = OmegaConf.to_container(block, resolve=True) if OmegaConf.is_config(block) else dict(block)
     overrides = [f"{key}={json.dumps(value)}" for key, value in _flatten(tree)]
+    overrides = with_host_defaults(overrides, EXTERNAL_HOST_DEFAULTS)  # another trainer's model: not the built-in's
     return load_restricted(overrides, KEY_PREFIXES, who="the verl plugin (+klguard.*)",
                            elsewhere="verl's own keys (algorithm.kl_ctrl.*, ...) stay verl's")
 

@@ -1,0 +1,123 @@
+"""`klguard watch` over the public training logs in ../shared/reallogs/ (third-party data, read in place, never
+copied into the repository): what it read and what it decided, beside each log's label from INDEX.md.
+
+    python benchmarks/watch_reallogs.py                 # ../shared/reallogs relative to the repository root
+    python benchmarks/watch_reallogs.py /path/to/reallogs
+
+Each log is watched as a new user would run `klguard watch LOG` (format told from the content, the external hosts'
+defaults), with `--map` only where a log's own names need it (MAPS). Prints one table row per log and writes
+benchmarks/results/watch_reallogs.json. Decision events go to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from klguard.commands.watch import STOP_KINDS, Watch, WatchOptions
+from klguard.commands.watch_rules import KL, VAL, has
+from klguard.errors import UserError
+from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
+from klguard.guard.signals import ENTROPY, GRAD_NORM, LENGTH, PPO_KL, SCORE
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_LOGS = ROOT.parent / "shared" / "reallogs"
+OUT = ROOT / "benchmarks" / "results" / "watch_reallogs.json"
+MAPS = {"15": ["ppo_response_length/mean=response_length/mean"]}
+"""The one log whose metric is named by its author only (a `mean|std` string under `ppo_response_length`)."""
+SHORT = {KL[0]: "kl", KL[1]: "kl", PPO_KL: "ppo_kl", SCORE: "score", GRAD_NORM: "grad", LENGTH: "len",
+         ENTROPY: "ent", VAL: "val"}
+
+
+def labels(index: Path) -> dict[str, str]:
+    """INDEX.md's table: log number -> label."""
+    rows = re.findall(r"^\| (\d\d) \| [^|]+ \| ([^|]+) \|$", index.read_text(encoding="utf-8"), re.M)
+    return {number: label.strip() for number, label in rows}
+
+
+def watch_one(log: Path, events: Path) -> dict:
+    number = log.name[:2]
+    said: list[str] = []
+    watch = Watch(log, [], WatchOptions(events=events, names=MAPS.get(number, [])), say=said.append)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as printed:  # the decision lines, also in `said` and events
+            code = watch.run()
+    except UserError as exc:
+        return {"log": log.name, "format": "-", "steps": 0, "exit": 2, "decision": f"refused: {exc}"}
+    stop = next((a for a in watch.decisions if a.kind in STOP_KINDS), None)
+    inputs = []
+    for name, short in SHORT.items():
+        if has(watch.names, name) and short not in inputs:
+            inputs.append(short)
+    counted = " (entries)" if watch.reader.counted else ""
+    return {"log": log.name, "format": watch.reader.format, "trainer": watch.reader.trainer,
+            "steps": watch.read, "steps_counted_by_entry": watch.reader.counted, "span": watch.span,
+            "steps_judged": watch.steps, "inputs": inputs, "exit": code, "map": MAPS.get(number, []),
+            "decision": _calm(watch) if stop is None else f"{stop.kind} @{stop.step}{counted} ({stop.rule})",
+            "stop": None if stop is None else {"kind": stop.kind, "step": stop.step, "rule": stop.rule,
+                                              "metric": stop.metric, "value": stop.value,
+                                              "threshold": stop.threshold, "reason": stop.reason},
+            "said": said[1:] + printed.getvalue().splitlines()}  # less the first line: paths of this machine
+
+
+def machine() -> str:
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    return f"{os.cpu_count()} cores, {model or platform.machine()}"
+
+
+def _calm(watch: Watch) -> str:
+    window = watch.session.guard.cfg.baseline_window
+    return "calm" + (f" (too short: {watch.read} steps <= {window})" if watch.read <= window else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logs", nargs="?", default=str(DEFAULT_LOGS), help="the folder of logs (with INDEX.md)")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args(argv)
+    folder = Path(args.logs)
+    if not (folder / "INDEX.md").is_file():
+        print(f"watch_reallogs: {folder} has no INDEX.md (pass the reallogs folder)", file=sys.stderr)
+        return 2
+    label = labels(folder / "INDEX.md")
+    rows = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for log in sorted(p for p in folder.iterdir() if p.name != "INDEX.md"):
+            row = watch_one(log, Path(tmp) / f"{log.name}.events.jsonl")
+            row["label"] = label.get(log.name[:2], "?")
+            rows.append(row)
+    seconds = time.perf_counter() - started
+    head = (f"| {'log':<3} | {'format':<12} | {'steps read':<14} | {'guard inputs found':<38} | {'decision':<40} "
+            "| INDEX label |")
+    print(head)
+    print("|" + "|".join("-" * (len(cell)) for cell in head.split("|")[1:-1]) + "|")
+    for row in rows:
+        span = row.get("span")
+        steps = f"{row['steps']}" + (f" ({span[0]}-{span[1]})" if span else "")
+        print(f"| {row['log'][:2]:<3} | {row['format']:<12} | {steps:<14} | {', '.join(row.get('inputs', [])):<38} "
+              f"| {row['decision']:<40} | {row['label']} |")
+    result = {"command": "python benchmarks/watch_reallogs.py", "logs": os.path.relpath(folder, ROOT),
+              "seconds": round(seconds, 1),
+              "machine": machine(),
+              "python": platform.python_version(),
+              "external_host_defaults": EXTERNAL_HOST_DEFAULTS, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{len(rows)} logs in {seconds:.1f} s; written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
