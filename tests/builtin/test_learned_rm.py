@@ -22,9 +22,10 @@ from klguard.reward.manager import RewardManager
 
 TINY = ["proxy_reward.kind=learned_rm", "proxy_reward.learned_rm.samples=48", "proxy_reward.learned_rm.epochs=1",
         "proxy_reward.learned_rm.batch_size=16", "proxy_reward.learned_rm.hidden_size=16",
-        "data.max_response_length=16", "proxy_reward.learned_rm.contrast=8"]
-SCRATCH3 = ["proxy_reward.learned_rm.init=scratch", "proxy_reward.learned_rm.ensemble_size=3",
-            "proxy_reward.learned_rm.audit=false"]  # the from-scratch bootstrap ensemble
+        "data.max_response_length=16"]
+SFT_BODY = ["proxy_reward.learned_rm.init=sft", "proxy_reward.learned_rm.ensemble_size=1",
+            "proxy_reward.learned_rm.contrast=8"]  # one RM from the SFT policy's body, with contrast pairs
+SCRATCH3 = ["proxy_reward.learned_rm.audit=false"]  # the default bootstrap ensemble from scratch, without its audit RM
 
 
 def _config(cache: Path, *extra: str):
@@ -48,10 +49,10 @@ def _weights_equal(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
-def test_the_default_rm_is_the_sft_body_deterministic_and_cached_with_its_audit_rm(policy, tmp_path):
+def test_the_sft_body_rm_is_deterministic_and_cached_with_its_audit_rm(policy, tmp_path):
     messages: list[str] = []
-    first = _build(_config(tmp_path / "a"), policy, messages.append)
-    second = _build(_config(tmp_path / "b"), policy)
+    first = _build(_config(tmp_path / "a", *SFT_BODY), policy, messages.append)
+    second = _build(_config(tmp_path / "b", *SFT_BODY), policy)
     assert member_folders(first) == [first] and (first / "audit").is_dir()  # one RM, and its audit RM
     assert _weights_equal(first, second) and _weights_equal(first / "audit", second / "audit")  # same recipe
     assert not _weights_equal(first, first / "audit")  # other problems, other samples
@@ -64,15 +65,17 @@ def test_the_default_rm_is_the_sft_body_deterministic_and_cached_with_its_audit_
     assert (first / "rm_metrics.json").read_text() == (second / "rm_metrics.json").read_text()
     assert sum("fitting the learned reward model" in m for m in messages) == 1
     again: list[str] = []
-    assert _build(_config(tmp_path / "a"), policy, again.append) == first and not any("fitting" in m for m in again)
-    cfg = _config(tmp_path / "a")
+    assert _build(_config(tmp_path / "a", *SFT_BODY), policy, again.append) == first
+    assert not any("fitting" in m for m in again)
+    cfg = _config(tmp_path / "a", *SFT_BODY)
     assert learned_rm_dir(replace(cfg.proxy_reward.learned_rm, seed=1), cfg.sft, policy, 16) != first  # recipe keys
 
 
-def test_the_scratch_ensemble_has_members_of_their_own(policy, tmp_path):
-    folder = _build(_config(tmp_path, *SCRATCH3), policy)
+def test_the_default_scratch_ensemble_has_members_of_their_own_and_an_audit_rm(policy, tmp_path):
+    folder = _build(_config(tmp_path), policy)
     members = member_folders(folder)
-    assert [m.name for m in members] == ["member-0", "member-1", "member-2"] and not (folder / "audit").exists()
+    assert [m.name for m in members] == ["member-0", "member-1", "member-2"] and (folder / "audit").is_dir()
+    assert member_folders(folder / "audit") == [folder / "audit" / f"member-{i}" for i in range(3)]
     assert not _weights_equal(members[0], members[1])  # each member has its own resample and initialisation
     assert load_file(members[0] / "model.safetensors")["model.embed_tokens.weight"].shape[1] == 16  # hidden_size
 

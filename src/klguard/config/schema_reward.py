@@ -113,12 +113,12 @@ RMInit = Literal["sft", "scratch"]
 class LearnedRMConfig:
     """The recipe of the learned reward model (proxy_reward.kind=learned_rm); its weights are cached by it."""
 
-    init: RMInit = opt("sft", "The RM's body: " + choices(
+    init: RMInit = opt("scratch", "The RM's body: " + choices(
         RMInit, sft="the SFT policy's body with a fresh one-label head, as Gao et al. 2022 and Coste et al. 2024 "
         "build proxy RMs", scratch="a fresh hidden_size x num_layers Llama"))
     samples: int = opt(4096, "SFT-policy samples (temperature 1, run-ons included) labelled by the gold rule; a "
                        "fifth is held out to measure the RM", rule=at_least(16))
-    contrast: int = opt(1024, "Training problems added twice more: the short correct answer (label 1) and a "
+    contrast: int = opt(0, "Training problems added twice more: the short correct answer (label 1) and a "
                         "near-miss wrong answer (label 0)", rule=at_least(0))
     epochs: int = opt(5, "Passes over the samples", rule=at_least(1))
     batch_size: int = opt(64, "Samples per RM optimizer step", rule=at_least(1))
@@ -128,7 +128,7 @@ class LearnedRMConfig:
     num_heads: int = opt(2, "RM attention heads (init=scratch; must divide hidden_size)", rule=at_least(1))
     seed: int = opt(0, "Seed of the RM's samples, initialisation and batch order")
     ensemble_size: int = opt(
-        1, "Members, each fit to its own bootstrap resample (1 = one RM on all samples); reduced by "
+        3, "Members, each fit to its own bootstrap resample (1 = one RM on all samples); reduced by "
         "reward_model.ensemble_reduce, their spread is logged as hacking/rm_ensemble_std", rule=at_least(1))
     audit: bool = opt(True, "Also fit an audit RM by the same recipe on disjoint problems and samples; it is never "
                       "optimised and scores every rollout (hacking/audit_gap)")

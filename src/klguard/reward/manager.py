@@ -99,14 +99,17 @@ def hacked_by_model(gold: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
 
 def audit_model(config: Config, device: torch.device, learned_rm: Path | None):
     """The audit RM of `reward_model.audit_model.path` (a user's folder), else the built-in learned RM's `audit/`
-    folder where it has one, else None."""
+    folder (one RM or an ensemble, whose mean scores) where it has one, else None. Called as the reward model is:
+    (prompts, responses) -> [N] scores."""
+    from klguard.reward.ensemble import RewardEnsemble, member_folders
     from klguard.reward.model_rm import ModelReward
 
     path = config.reward_model.audit_model.path
     if path is not None:
         return ModelReward(config, device, Path(path).expanduser(), user=True, key=AUDIT_KEY)
     if learned_rm is not None and (learned_rm / "audit").is_dir():
-        return ModelReward(config, device, learned_rm / "audit", user=False)
+        ensemble = RewardEnsemble(config, device, member_folders(learned_rm / "audit"), user=False)
+        return lambda prompts, responses: ensemble(prompts, responses).scores
     return None
 
 
