@@ -24,9 +24,10 @@ QUIET: dict[str, float] = {
 Stream = Iterable[tuple[int, Mapping[str, float]]]
 
 
-def steps(overrides: Mapping[int, Mapping[str, float]], n: int, start: int = 1) -> list[tuple[int, dict[str, float]]]:
-    """Steps start..n: QUIET with the given per-step overrides."""
-    return [(s, {**QUIET, **overrides.get(s, {})}) for s in range(start, n + 1)]
+def steps(overrides: Mapping[int, Mapping[str, float]], n: int, start: int = 1,
+          base: Mapping[str, float] | None = None) -> list[tuple[int, dict[str, float]]]:
+    """Steps start..n: QUIET, then `base` (metrics every step adds), then the given per-step overrides."""
+    return [(s, {**QUIET, **(base or {}), **overrides.get(s, {})}) for s in range(start, n + 1)]
 
 
 class Driver:
@@ -75,3 +76,11 @@ def make(total_steps: int = 100, target_kl: float = 0.015, kl_coef: float | None
     """A Driver around a fresh guard with the seed's thresholds overridden by ``cfg``."""
     guard = KLGuard(seed_config(**cfg), total_steps=total_steps, target_kl=target_kl, kl_coef=kl_coef)
     return Driver(guard, beta=QUIET["actor/reward_kl_penalty_coeff"] if kl_coef is None else kl_coef)
+
+
+def watch_signals(signals: list[str], base: Mapping[str, float], over: Mapping[int, Mapping[str, float]],
+                  n: int = 11, **cfg: object) -> Driver:
+    """A guard that measures the hacking `signals` (acting on none) over n steps of QUIET + `base` + `over`."""
+    d = make(hacking_action="none", hacking_signals=signals, **cfg)
+    d.run(steps(over, n, base=base))
+    return d

@@ -4,7 +4,7 @@ metric streams; a signal raises the alarm only when guard.hacking_signals names 
 from __future__ import annotations
 
 import pytest
-from guard_streams import make, steps
+from guard_streams import make, steps, watch_signals
 
 ALL = ["length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence", "kl_growth", "repetition",
        "rm_spread"]
@@ -12,9 +12,7 @@ BASE = {"hacking/repeated_ngram_share": 0.1, "hacking/rm_ensemble_std": 0.2}
 
 
 def _run(over: dict, n: int = 11, **cfg):
-    d = make(hacking_action="none", hacking_signals=ALL, **cfg)
-    d.run([(s, {**m, **{k: v for k, v in BASE.items() if k not in over.get(s, {})}}) for s, m in steps(over, n)])
-    return d
+    return watch_signals(ALL, BASE, over, n, **cfg)
 
 
 @pytest.mark.parametrize(("kl_seq", "fires"), [(0.31, True), (0.29, False)])

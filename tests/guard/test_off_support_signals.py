@@ -4,7 +4,7 @@ their thresholds; a run that does not log their inputs never fires them."""
 from __future__ import annotations
 
 import pytest
-from guard_streams import make, steps
+from guard_streams import make, steps, watch_signals
 
 from klguard.guard.state import HACK_SIGNALS
 
@@ -14,9 +14,7 @@ BASE = {"hacking/ref_low_prob_share": 0.02, "hacking/ref_nll": 1.2,
 
 
 def _run(over: dict, n: int = 11, **cfg):
-    d = make(hacking_action="none", hacking_signals=list(HACK_SIGNALS), **cfg)
-    d.run([(s, {**BASE, **m}) for s, m in steps(over, n)])
-    return d
+    return watch_signals(list(HACK_SIGNALS), BASE, over, n, **cfg)
 
 
 @pytest.mark.parametrize(("share", "fires"), [(0.0701, True), (0.0699, False)])

@@ -81,11 +81,11 @@ class GuardState:
         if unknown:
             raise ValueError(f"unknown guard state keys: {', '.join(unknown)}")
         out = cls(**state)
-        # Copy the containers so the caller's dict is never aliased
-        for name in ("kl_history", "length_base", "entropy_base", "collapse_base", "length_recent", "kl_seq_base",
-                     "repetition_base", "rm_spread_base", "ref_low_base", "ref_nll_base", "rm_score_base",
-                     "audit_score_base"):
-            setattr(out, name, list(getattr(out, name)))
+        # Copy the list fields (and the [mean, std] pairs inside them) so the caller's dict is never aliased
+        for f in fields(cls):
+            value = getattr(out, f.name)
+            if isinstance(value, list):
+                setattr(out, f.name, [list(v) if isinstance(v, list) else v for v in value])
         out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
         out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}
         out.last_fired = {str(k): int(v) for k, v in out.last_fired.items()}
