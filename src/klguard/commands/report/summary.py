@@ -46,8 +46,11 @@ def text_table(runs: Sequence[RunRecord]) -> str:
     actions = "".join(f"{r.action_count:>{width}}" for r in runs)
     lines.append(f"{'guard actions':<34}{actions}")
     lines.append(f"{'steps trained':<34}" + "".join(f"{r.steps:>{width}}" for r in runs))
+    pauses = {run.label: next((e for e in run.events if e.get("kind") == "pause"), None) for run in runs}
+    ended = "".join(f"{'no, paused' if pauses[r.label] else 'yes':>{width}}" for r in runs)
+    lines.append(f"{'trained to the end':<34}{ended}")
     for run in runs:  # a paused run says so, with the guard's reason
-        pause = next((e for e in run.events if e.get("kind") == "pause"), None)
+        pause = pauses[run.label]
         if pause is not None:
             hint = f" To go on: {pause['to_go_on']}." if pause.get("to_go_on") else ""
             lines.append(f"{run.label} paused at step {pause.get('step')}: {pause.get('reason', '')}{hint}")
