@@ -4,7 +4,8 @@ As verl does when the RM's tokenizer differs from the policy's, each prompt (its
 decoded response are re-rendered with the RM's own chat template (`[*prompt, {assistant: response}]`)
 and re-tokenised; an RM tokenizer without a template reads `prompt text + response`. Sequences are
 right-padded and scored in micro-batches of `reward_model.micro_batch_size_per_gpu`; longer than
-`reward_model.max_length` keeps the end (the score sits on the last token).
+`reward_model.max_length` keeps the end (the score sits on the last token). `ModelReward.score` can also return the
+final hidden state at that token (`output_hidden_states`), the features klguard.reward.rm_outliers measures.
 """
 
 from __future__ import annotations

@@ -1,13 +1,18 @@
 """`hacking/rm_feature_outlier_share`: the share of a step's rollouts whose reward-model features are Mahalanobis
 outliers from the features of the run's first rollouts (InfoRM, Miao et al. 2024: reward-hacked responses stand out
 in the RM's latent space). The features are the RM's final hidden state at the token its score is read from
-(klguard.reward.model_rm).
+(klguard.reward.model_rm): a user's `reward_model.model.path` or the built-in learned RM, an ensemble's first
+member.
 
 The baseline is the rollouts of the first `guard.baseline_window` steps that had finite features. At the last of
 them a Ledoit-Wolf shrinkage covariance is fit (scikit-learn; the shrinkage keeps it invertible with fewer rollouts
 than feature dimensions) and the threshold set to the `guard.rm_outlier_quantile` quantile of the baseline rollouts'
 own squared distances. Every later step logs the share of its rollouts beyond the threshold. Nothing is logged
 before the fit, nor on a step whose features are not all finite (that step is not collected either).
+
+The baseline's rollouts sit closer to a covariance fit to them than fresh rollouts of the same policy do, so the
+share starts above 1 - quantile, the more so the fewer baseline rollouts per feature dimension
+(benchmarks/rm_outlier_calibration.py); the guard's `rm_outlier` compares it with its own first values.
 """
 
 from __future__ import annotations
