@@ -135,8 +135,8 @@ class GuardConfig:
     ref_nll_rise: float = opt(
         0.5, "hacking/ref_nll (nats/token under the reference) above baseline + this: hacking signal", rule=_TOLERANCE)
     rm_outlier_quantile: float = opt(
-        0.99, "Quantile of the baseline rollouts' own RM-feature Mahalanobis distances past which a rollout is an "
-        "outlier (hacking/rm_feature_outlier_share)", rule=interval("(0, 1)"))
+        0.99, "RM-feature outlier: past this quantile of the baseline rollouts' own Mahalanobis distances",
+        rule=interval("(0, 1)"))
     rm_outlier_rise: float = opt(
         0.05, "hacking/rm_feature_outlier_share (RM-feature outliers) above baseline + this: hacking signal",
         rule=_TOLERANCE)
