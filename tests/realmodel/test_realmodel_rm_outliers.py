@@ -16,7 +16,7 @@ from klguard.config import load_config
 from klguard.ppo.checkpointing import RM_OUTLIERS_FILE
 from klguard.reward.ensemble import RewardEnsemble
 from klguard.reward.model_rm import ModelReward
-from klguard.runtime.checkpoint import load_tensors
+from klguard.runtime.checkpoint import load_tensors, write_manifest
 from tolerances import float32_tol, forward_terms
 
 METRIC = "hacking/rm_feature_outlier_share"
@@ -56,7 +56,8 @@ def _records(run: Path) -> dict[int, dict]:
             if "critic/score/mean" in r}
 
 
-def test_the_share_is_logged_after_the_baseline_and_a_resumed_run_logs_the_same(base_overrides, assets, tmp_path):
+def test_the_share_is_logged_after_the_baseline_and_a_resumed_run_logs_the_same(base_overrides, assets, tmp_path,
+                                                                                 capsys):
     # 16 rollouts a step, a baseline of 3 steps (48 rollouts of 32 features); checkpoints at steps 2 and 4
     args = [*base_overrides, "reward_model.enable=true", f"reward_model.model.path={assets.rm}",
             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
@@ -84,3 +85,12 @@ def test_the_share_is_logged_after_the_baseline_and_a_resumed_run_logs_the_same(
             fitted, again = (load_tensors(d / "global_step_4" / RM_OUTLIERS_FILE) for d in (straight, run))
             assert fitted["threshold"] == again["threshold"]
             assert torch.equal(fitted["precision"], again["precision"])
+
+    # a checkpoint without the file (its run scored without a reward model): the baseline is collected anew
+    (tmp_path / "ckpt-4" / RM_OUTLIERS_FILE).unlink()  # and a manifest without it
+    write_manifest(tmp_path / "ckpt-4")
+    capsys.readouterr()
+    assert main(["train", *args, f"trainer.default_local_dir={tmp_path / 'fresh'}", "trainer.resume_mode=resume_path",
+                 f"trainer.resume_from_path={tmp_path / 'ckpt-4'}"]) == 0
+    assert "holds no reward-model feature baseline; it is collected from this step on" in capsys.readouterr().err
+    assert METRIC not in _records(tmp_path / "fresh")[5]
