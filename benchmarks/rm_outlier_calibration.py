@@ -3,8 +3,9 @@ the tracker flags, against the baseline's rollouts per feature dimension.
 
 The features are draws of a correlated Gaussian (a fixed random linear map of standard normals); the tracker
 (klguard.reward.rm_outliers, quantile 0.99) collects `--steps` baseline steps, then measures 5,000 fresh draws and
-2,000 draws shifted by one standard deviation along every underlying normal. A threshold read from the rollouts the
-covariance was fit to flags fresh draws more often than 1 - quantile, the more so the fewer rollouts per dimension.
+2,000 draws shifted by one standard deviation along every underlying normal. The threshold is cross-fitted (the
+covariance from half the baseline, the quantile from the other half), so fresh draws should be flagged at about 1 -
+quantile at every ratio; the shifted share shows what the fit still sees with few rollouts per dimension.
 Writes ``benchmarks/results/rm_outlier_calibration.json``.
 
     python benchmarks/rm_outlier_calibration.py [--dims 64] [--steps 10] [--seeds 3]

@@ -6,13 +6,12 @@ member.
 
 The baseline is the rollouts of the first `guard.baseline_window` steps that had finite features. At the last of
 them a Ledoit-Wolf shrinkage covariance is fit (scikit-learn; the shrinkage keeps it invertible with fewer rollouts
-than feature dimensions) and the threshold set to the `guard.rm_outlier_quantile` quantile of the baseline rollouts'
-own squared distances. Every later step logs the share of its rollouts beyond the threshold. Nothing is logged
-before the fit, nor on a step whose features are not all finite (that step is not collected either).
-
-The baseline's rollouts sit closer to a covariance fit to them than fresh rollouts of the same policy do, so the
-share starts above 1 - quantile, the more so the fewer baseline rollouts per feature dimension
-(benchmarks/rm_outlier_calibration.py); the guard's `rm_outlier` compares it with its own first values.
+than feature dimensions) to half of them, and the threshold is the `guard.rm_outlier_quantile` quantile of the other
+half's squared distances: rollouts the fit has not seen, as later steps' are (a threshold from the fitted rollouts
+themselves sits too low: fresh rollouts of the same policy would cross it far more often than 1 - quantile when
+the rollouts per feature dimension are few; benchmarks/rm_outlier_calibration.py). Every later step logs the share
+of its rollouts beyond the threshold. Nothing is logged before the fit, nor on a step whose features are not all
+finite (that step is not collected either); the guard's `rm_outlier` compares the share with its own first values.
 """
 
 from __future__ import annotations
@@ -79,10 +78,15 @@ class RMFeatureOutliers:
         return {}
 
     def _fit(self) -> None:
+        """Cross-fitted: the covariance from the baseline's even rows, the threshold from its odd rows' distances, so
+        that rollouts the fit has not seen set it (fresh rollouts of an unchanged policy then cross it at about the
+        rate 1 - quantile, whatever the rollouts per feature dimension)."""
         x = np.concatenate(self.collected).astype(np.float64)
-        fit = LedoitWolf().fit(x)
+        fit_rows, held_rows = (x[0::2], x[1::2]) if len(x) >= 2 else (x, x)
+        fit = LedoitWolf().fit(fit_rows)
         self.location, self.precision = fit.location_, fit.precision_
-        self.threshold = float(np.quantile(squared_distances(x, self.location, self.precision), self.quantile))
+        self.threshold = float(np.quantile(squared_distances(held_rows, self.location, self.precision),
+                                           self.quantile))
         self.collected = []
 
     def state_dict(self) -> dict[str, Any]:
