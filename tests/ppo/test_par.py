@@ -32,8 +32,8 @@ def test_a_par_run_optimises_the_shaped_score(fast_overrides, monkeypatch):
     raw = []
     real_score = sampled.score_rollout
 
-    def score_spy(*args):
-        reward = real_score(*args)
+    def score_spy(*args, **kwargs):
+        reward = real_score(*args, **kwargs)
         raw.append(reward.scores)
         return reward
 

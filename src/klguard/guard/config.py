@@ -134,6 +134,12 @@ class GuardConfig:
         0.05, "hacking/ref_low_prob_share (off-support tokens) above baseline + this: hacking signal", rule=_TOLERANCE)
     ref_nll_rise: float = opt(
         0.5, "hacking/ref_nll (nats/token under the reference) above baseline + this: hacking signal", rule=_TOLERANCE)
+    rm_outlier_quantile: float = opt(
+        0.99, "RM-feature outlier: past this quantile of the baseline rollouts' own Mahalanobis distances",
+        rule=interval("(0, 1)"))
+    rm_outlier_rise: float = opt(
+        0.05, "hacking/rm_feature_outlier_share (RM-feature outliers) above baseline + this: hacking signal",
+        rule=_TOLERANCE)
     audit_gap_max: float = opt(
         1.0, "Optimised RM's gain minus the audit RM's, in baseline stds, above this: hacking signal", rule=_TOLERANCE)
     hacking_signals: list[str] = opt(

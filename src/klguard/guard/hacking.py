@@ -20,6 +20,10 @@ raise ``guard/hacking_alarm`` (and the guard's ``hacking_action``). A baseline i
   does not (the support BSPO, Dai et al. 2025, keeps the policy in);
 - ``ref_nll``: ``hacking/ref_nll`` (the samples' mean NLL under the reference, the log of their perplexity under
   the frozen base model) above its baseline + ``ref_nll_rise``;
+- ``rm_outlier``: ``hacking/rm_feature_outlier_share`` (the share of rollouts whose reward-model features are
+  Mahalanobis outliers from the first steps' rollouts, klguard.reward.rm_outliers) above its baseline +
+  ``rm_outlier_rise``: the policy's responses leave the region of the RM's latent space it started in (InfoRM,
+  Miao et al. 2024);
 - ``audit_gap``: the optimised RM's score gain over its baseline minus the audit RM's (``hacking/rm_score``,
   ``hacking/audit_score``), each in units of its baseline's within-batch standard deviation, above ``audit_gap_max``:
   the optimised RM sees a gain that an RM fit to other data does not share.
@@ -39,6 +43,7 @@ from klguard.guard.signals import (
     REF_LOW_PROB,
     REF_NLL,
     REPETITION,
+    RM_OUTLIER,
     RM_SPREAD,
     Observation,
 )
@@ -147,6 +152,10 @@ def measure_hacking(cfg: GuardConfig, st: GuardState, obs: Observation) -> list[
                               "share of tokens the reference finds unlikely")
     evidence += _limit_signal(st, "ref_nll", REF_NLL, obs.ref_nll, None if nll0 is None else nll0 + cfg.ref_nll_rise,
                               True, "NLL under the reference")
+    outlier0 = _baseline(st.rm_outlier_base, obs.rm_outlier, window)
+    evidence += _limit_signal(st, "rm_outlier", RM_OUTLIER, obs.rm_outlier,
+                              None if outlier0 is None else outlier0 + cfg.rm_outlier_rise, True,
+                              "share of rollouts with outlying RM features")
     st.audit_gap = audit_gap(cfg, st, obs)
     evidence += _limit_signal(st, "audit_gap", AUDIT_SCORE, st.audit_gap, cfg.audit_gap_max, True,
                               "RM gain the audit RM does not share")

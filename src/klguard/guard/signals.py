@@ -28,6 +28,7 @@ REPETITION = "hacking/repeated_ngram_share"
 RM_SPREAD = "hacking/rm_ensemble_std"
 REF_LOW_PROB = "hacking/ref_low_prob_share"
 REF_NLL = "hacking/ref_nll"
+RM_OUTLIER = "hacking/rm_feature_outlier_share"
 RM_SCORE, RM_SCORE_STD = "hacking/rm_score", "hacking/rm_score_std"
 AUDIT_SCORE, AUDIT_SCORE_STD = "hacking/audit_score", "hacking/audit_score_std"
 VAL_PREFIX = "val-core/"
@@ -35,8 +36,8 @@ VAL_PART = "/acc/"
 
 INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, SCORE_MIN,
                                   SCORE_MAX, GRAD_NORM, GRAD_CLIP, LR, LENGTH, ENTROPY, LENGTH_CORR, REPETITION,
-                                  RM_SPREAD, REF_LOW_PROB, REF_NLL, RM_SCORE, RM_SCORE_STD, AUDIT_SCORE,
-                                  AUDIT_SCORE_STD, "val-core/*/acc/*")
+                                  RM_SPREAD, REF_LOW_PROB, REF_NLL, RM_OUTLIER, RM_SCORE, RM_SCORE_STD,
+                                  AUDIT_SCORE, AUDIT_SCORE_STD, "val-core/*/acc/*")
 """Every metric the guard reads."""
 
 
@@ -62,6 +63,7 @@ class Observation:
     rm_spread: float | None = None
     ref_low_prob: float | None = None
     ref_nll: float | None = None
+    rm_outlier: float | None = None
     rm_score: float | None = None
     rm_score_std: float | None = None
     audit_score: float | None = None
@@ -102,8 +104,9 @@ def read_metrics(metrics: Mapping[str, float]) -> Observation:
         grad_clip=_get(metrics, GRAD_CLIP), lr=_get(metrics, LR), length=_get(metrics, LENGTH),
         entropy=_get(metrics, ENTROPY), length_corr=_get(metrics, LENGTH_CORR), repetition=_get(metrics, REPETITION),
         rm_spread=_get(metrics, RM_SPREAD), ref_low_prob=_get(metrics, REF_LOW_PROB), ref_nll=_get(metrics, REF_NLL),
-        rm_score=_get(metrics, RM_SCORE), rm_score_std=_get(metrics, RM_SCORE_STD),
-        audit_score=_get(metrics, AUDIT_SCORE), audit_score_std=_get(metrics, AUDIT_SCORE_STD),
+        rm_outlier=_get(metrics, RM_OUTLIER), rm_score=_get(metrics, RM_SCORE),
+        rm_score_std=_get(metrics, RM_SCORE_STD), audit_score=_get(metrics, AUDIT_SCORE),
+        audit_score_std=_get(metrics, AUDIT_SCORE_STD),
         val=validation_score(metrics),
     )
 

@@ -11,7 +11,8 @@ ALARMS: tuple[str, ...] = ("ppo_kl", "penalty_share", "grad_norm", "val_drop", "
 """Rule alarms, reported as ``guard/alarm_<name>``."""
 
 HACK_SIGNALS: tuple[str, ...] = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence",
-                                  "kl_growth", "repetition", "rm_spread", "ref_support", "ref_nll", "audit_gap")
+                                  "kl_growth", "repetition", "rm_spread", "ref_support", "ref_nll", "audit_gap",
+                                  "rm_outlier")
 """Reward-hacking signals, each reported as ``guard/hack_<name>``; those in ``guard.hacking_signals`` raise the
 hacking alarm."""
 
@@ -58,6 +59,7 @@ class GuardState:
     rm_spread_base: list[float] = field(default_factory=list)
     ref_low_base: list[float] = field(default_factory=list)
     ref_nll_base: list[float] = field(default_factory=list)
+    rm_outlier_base: list[float] = field(default_factory=list)
     rm_score_base: list[list[float]] = field(default_factory=list)  # [mean, std] of the optimised RM's scores
     audit_score_base: list[list[float]] = field(default_factory=list)  # [mean, std] of the audit RM's scores
     audit_gap: float | None = None  # the latest step's gain of the optimised RM not shared by the audit RM

@@ -1,7 +1,8 @@
 """What a checkpoint holds and how a run resumes from it, so resume equals an uninterrupted run.
 
 Saved: policy and critic as HF folders, optimizer and LR-schedule states, the KL controller, the
-prompt sampler's position, every RNG, the step counter and the guard's state. Sharded models (torchrun) are saved with
+prompt sampler's position, every RNG, the step counter, the guard's state and, with a reward model, its feature
+baseline (`rm_outliers.pt`, klguard.reward.rm_outliers). Sharded models (torchrun) are saved with
 torch.distributed.checkpoint instead: `actor/`, `critic/` (and `ref/`) hold each rank's shards plus
 `huggingface/` (config, tokenizer) for `klguard export`, and `actor_optim/`, `critic_optim/` the optimizer
 shards. Either layout resumes at any number of ranks.
@@ -92,6 +93,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 REFERENCE_DIR = "ref"
+RM_OUTLIERS_FILE = "rm_outliers.pt"
 """A checkpoint's reference policy, written only once a rollback re-anchored it (otherwise the
 reference is the initial policy, loaded from the model path)."""
 
@@ -139,6 +141,8 @@ class Checkpoints:
                 _save_optimizer(state.critic, state.critic_optim, folder, "critic", self.dist)
             if state.ref is not None and save_reference:
                 _save_model(state.ref, folder / REFERENCE_DIR, None, self.dist)
+            if state.rm_outliers is not None and self.dist.is_main:
+                save_tensors(state.rm_outliers.state_dict(), folder / RM_OUTLIERS_FILE)
 
         saved = {**state.state_dict(), "rng": rng_state(), "guard": guard_state}
         return self.manager.save(state.step, write, saved, keep)
@@ -155,11 +159,22 @@ class Checkpoints:
                     load_weights(model, folder / name, fresh=None)
             _load_optimizers(folder, state)
             state.load_state_dict(saved)
+            self._restore_rm_outliers(folder, state)
             set_rng_state(saved["rng"])
             return saved["guard"]
         except (KeyError, ValueError, TypeError) as exc:
             raise UserError(f"checkpoint {folder} does not fit this run ({type(exc).__name__}: {exc}); "
                             "set trainer.resume_mode=disable or another trainer.default_local_dir") from None
+
+    def _restore_rm_outliers(self, folder: Path, state: TrainState) -> None:
+        """The reward model's feature baseline; a checkpoint without one (its run scored without a reward model)
+        leaves the baseline to be collected from here on."""
+        if state.rm_outliers is None:
+            return
+        if (folder / RM_OUTLIERS_FILE).is_file():
+            state.rm_outliers.load_state_dict(load_tensors(folder / RM_OUTLIERS_FILE))
+        else:
+            self.log(f"klguard: {folder} holds no reward-model feature baseline; it is collected from this step on")
 
     def restore_weights(self, folder: Path, state: TrainState) -> int:
         """Rollback: weights, optimizer states and schedules only (the caller applies the lr scale); returns the

@@ -3,7 +3,8 @@
 Gold-free signals of hacking, logged on every run: `hacking/repeated_ngram_share` (looping text); with a reference
 policy, `hacking/ref_low_prob_share` and `hacking/ref_nll` (how far the samples are from the reference's support);
 with a reward model, `hacking/rm_score` (and `_std`), with an audit RM `hacking/audit_score` (and `_std`), and with
-an RM ensemble `hacking/rm_ensemble_std` (the members' disagreement).
+an RM ensemble `hacking/rm_ensemble_std` (the members' disagreement). The trainer adds, with a reward model,
+`hacking/rm_feature_outlier_share` (klguard.reward.rm_outliers).
 
 Hacking rate: the share of responses that gold says are wrong (gold score 0) while the proxy scores
 them at least as high as the short correct answer to the same prompt would score.

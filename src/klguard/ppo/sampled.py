@@ -90,7 +90,7 @@ def _one_batch(trainer, timing: dict[str, float]) -> tuple[PromptBatch, RolloutB
         timing["reshard"] = timing.get("reshard", 0.0) + resharding
     check_finite({"old_log_probs": out.old_logprobs}, out.response_mask.float())
     with timed(timing, "reward"):  # the score sits on the last response token
-        reward = score_rollout(trainer.rewards, trainer.tokenizer, prompts.rows, out)
+        reward = score_rollout(trainer.rewards, trainer.tokenizer, prompts.rows, out, features=True)
     check_finite({"rewards": reward.scores})
     scores, metrics = shaped_scores(cfg, reward.scores, out.response_lengths)
     if cfg.reward_model.shaping == "par":  # PAR: the score relative to the reference policy's response
@@ -142,7 +142,7 @@ def _join(trainer, parts: list, total: int) -> Sampled:
     keeps = [p[4] for p in parts]
     reward = RewardOutput(*(None if getattr(rewards[0], k) is None else
                             torch.cat([getattr(r, k)[i] for r, i in zip(rewards, keeps, strict=True)])[:total]
-                            for k in ("scores", "gold", "hacked", "spread", "rm_scores", "audit")),
+                            for k in ("scores", "gold", "hacked", "spread", "rm_scores", "audit", "features")),
                           extra=None if not rewards[0].extra else
                           {k: torch.cat([r.extra[k][i] for r, i in zip(rewards, keeps, strict=True)])[:total]
                            for k in rewards[0].extra})

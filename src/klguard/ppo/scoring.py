@@ -23,13 +23,16 @@ from klguard.reward.manager import RewardManager, RewardOutput
 from klguard.runtime.seeding import step_generator
 
 
-def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch) -> RewardOutput:
-    """Decode the valid response tokens and score them with the reward manager."""
+def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch, *, features: bool = False
+                  ) -> RewardOutput:
+    """Decode the valid response tokens and score them with the reward manager (`features`: and a reward model's
+    last-layer features)."""
     texts = tokenizer.batch_decode(
         out.response_ids.masked_fill(out.response_mask == 0, tokenizer.pad_token_id).cpu(),
         skip_special_tokens=True)
     return rewards(texts, out.response_lengths.tolist(), [r.data_source for r in rows],
-                   [r.ground_truth for r in rows], [r.extra_info for r in rows], prompts=[r.raw_prompt for r in rows])
+                   [r.ground_truth for r in rows], [r.extra_info for r in rows], prompts=[r.raw_prompt for r in rows],
+                   features=features)
 
 
 def gdpo_components(keys: list[str], extra: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:

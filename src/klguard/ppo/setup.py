@@ -34,6 +34,7 @@ from klguard.ppo.generation_weights import GenerationWeights
 from klguard.ppo.state import TrainState
 from klguard.ppo.task import BuiltinTask, require_task
 from klguard.reward.manager import RewardManager, proxy_enabled
+from klguard.reward.rm_outliers import RMFeatureOutliers
 
 
 def resolve_model_path(cfg: Config, task: BuiltinTask | None, *, log=print) -> Path:
@@ -169,12 +170,15 @@ def generation_weights(cfg: Config, actor: torch.nn.Module, policy_path: Path,
 
 
 def build_train_state(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: Path | None,
-                      sampler: PromptSampler, total_steps: int) -> TrainState:
-    """The run's models, optimizers, schedules and KL controller at step 0 (Checkpoints.restore resumes it)."""
+                      sampler: PromptSampler, total_steps: int, *, rm_features: bool = False) -> TrainState:
+    """The run's models, optimizers, schedules and KL controller at step 0 (Checkpoints.restore resumes it);
+    `rm_features`: a reward model scores, so the state tracks its features (klguard.reward.rm_outliers)."""
     actor, ref, critic = load_models(cfg, ctx, policy_path, resume_from)
     actor_optim, actor_sched = build_optimizer(actor, cfg.actor_rollout_ref.actor.optim, total_steps)
     critic_optim, critic_sched = (build_optimizer(critic, cfg.critic.optim, total_steps) if critic is not None
                                   else (None, None))
     return TrainState(actor=actor, actor_optim=actor_optim, actor_sched=actor_sched,
                       kl_ctrl=build_kl_controller(**vars(cfg.algorithm.kl_ctrl) | {"kl_coef": initial_kl_coef(cfg)}),
-                      sampler=sampler, ref=ref, critic=critic, critic_optim=critic_optim, critic_sched=critic_sched)
+                      sampler=sampler, ref=ref, critic=critic, critic_optim=critic_optim, critic_sched=critic_sched,
+                      rm_outliers=RMFeatureOutliers(cfg.guard.baseline_window, cfg.guard.rm_outlier_quantile)
+                      if rm_features else None)

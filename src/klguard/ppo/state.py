@@ -4,8 +4,9 @@ Setup builds it (klguard.ppo.setup.build_train_state), the loop reads and advanc
 restores it (klguard.ppo.checkpointing) and the guard's actions adjust it (klguard.ppo.guard_hooks); none of them
 needs the trainer. `state_dict()` holds its plain values (step, KL controller, sampler position, LR schedules);
 the models' weights and the optimizers' moments are tensors, which checkpointing writes as safetensors or, sharded,
-with torch.distributed.checkpoint. What the guard sets besides the KL controller (the lr scale, the gradient clip,
-the warm-up's freeze, the reference's step) lives in the guard's state (klguard.guard.session), saved beside this.
+with torch.distributed.checkpoint; the reward model's feature baseline (`rm_outliers`) has a tensor file of its own.
+What the guard sets besides the KL controller (the lr scale, the gradient clip, the warm-up's freeze, the reference's
+step) lives in the guard's state (klguard.guard.session), saved beside this.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from klguard.algo.kl import KLController
 from klguard.data.sampler import PromptSampler
+from klguard.reward.rm_outliers import RMFeatureOutliers
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
 
@@ -33,6 +35,7 @@ class TrainState:
     critic_optim: torch.optim.Optimizer | None = None
     critic_sched: Scheduler | None = None
     step: int = 0  # PPO steps done
+    rm_outliers: RMFeatureOutliers | None = None  # with a reward model: its feature baseline (a tensor file)
 
     def models(self) -> list[tuple[str, torch.nn.Module]]:
         """The trained models by name: actor, and critic when there is one."""

@@ -101,7 +101,8 @@ class PPOTrainer:
         self.checkpoints = Checkpoints(self.run_dir, tr.max_actor_ckpt_to_keep, self.dist, config=config,
                                        policy_path=self.policy_path, log=self.log)
         resume_from = self.checkpoints.find_resume_checkpoint(tr.resume_mode, tr.resume_from_path)
-        self.state = build_train_state(config, self.dist, self.policy_path, resume_from, sampler, self.total_steps)
+        self.state = build_train_state(config, self.dist, self.policy_path, resume_from, sampler, self.total_steps,
+                                       rm_features=self.rewards.model is not None)
         self.generation_weights = generation_weights(config, self.state.actor, self.policy_path, self.device)
         self.guard = GuardHooks(config, self.state, self.checkpoints, total_steps=self.total_steps,
                                 run_dir=self.run_dir, writes=self.dist.is_main, log=self.log)
@@ -153,9 +154,10 @@ class PPOTrainer:
             update_metrics, nonfinite = update_metrics | actor_metrics, nonfinite + actor_nonfinite
         timing["step"] = time.perf_counter() - started  # 7. metrics
         reshard = {"perf/reshard_share": timing["reshard"] / timing["step"]} if "reshard" in timing else {}
+        outliers = state.rm_outliers.update(reward.features) if state.rm_outliers is not None else {}
         return {
             **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
-            **kl_metrics, **update_metrics,
+            **kl_metrics, **update_metrics, **outliers,
             **sampled.metrics, **{f"timing_s/{k}": v for k, v in timing.items()},
             "perf/throughput": float(out.attention_mask.sum()) / timing["step"], **reshard,
             "training/global_step": state.step + 1, "training/epoch": state.sampler.epoch,

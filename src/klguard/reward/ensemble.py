@@ -24,6 +24,7 @@ from klguard.reward.model_rm import KEY, ModelReward
 class EnsembleScores:
     scores: torch.Tensor  # [N] the reduction PPO optimises
     spread: torch.Tensor | None  # [N] the members' standard deviation; None for a single RM
+    features: torch.Tensor | None = None  # [N, H] the first member's last-layer features, where asked for
 
 
 def user_rm_folders(path: str) -> list[Path]:
@@ -59,9 +60,13 @@ class RewardEnsemble:
         self.reduce = config.reward_model.ensemble_reduce
         self.uwo_weight = config.reward_model.uwo_weight
 
-    def __call__(self, prompts: Sequence[Sequence[dict[str, str]]], responses: Sequence[str]) -> EnsembleScores:
-        member_scores = torch.stack([member(prompts, responses) for member in self.members])
+    def __call__(self, prompts: Sequence[Sequence[dict[str, str]]], responses: Sequence[str], *,
+                 features: bool = False) -> EnsembleScores:
+        """`features`: also the last-layer features of the first member (an ensemble's members read the same
+        text; one member's latent space is the one a feature baseline can be fit in)."""
+        first, states = self.members[0].score(prompts, responses, features=features)
+        member_scores = torch.stack([first, *(member(prompts, responses) for member in self.members[1:])])
         if len(self.members) == 1:
-            return EnsembleScores(member_scores[0], None)
+            return EnsembleScores(member_scores[0], None, states)
         return EnsembleScores(reduce_scores(member_scores, self.reduce, self.uwo_weight),
-                              member_scores.std(0, correction=0))
+                              member_scores.std(0, correction=0), states)

@@ -39,6 +39,7 @@ class RewardOutput:
     spread: torch.Tensor | None = None  # [N] an RM ensemble's disagreement (standard deviation over members)
     rm_scores: torch.Tensor | None = None  # [N] the optimised reward model's own score (before penalties, rules)
     audit: torch.Tensor | None = None  # [N] the audit reward model's score (never optimised)
+    features: torch.Tensor | None = None  # [N, H] the reward model's last-layer features (klguard.reward.rm_outliers)
     extra: dict[str, torch.Tensor] | None = None  # [N] each number the custom function's dicts returned (GDPO's keys)
 
 
@@ -170,31 +171,34 @@ class RewardManager:
         keys = [k for k in rows[0] if all(k in r for r in rows)]
         return {k: torch.tensor([r[k] for r in rows]) for k in keys}
 
-    def _with_model(self, texts, n_tokens, data_sources, ground_truths, extra_infos, prompts) -> RewardOutput:
+    def _with_model(self, texts, n_tokens, data_sources, ground_truths, extra_infos, prompts, features: bool
+                    ) -> RewardOutput:
         if prompts is None:
             raise ValueError("a reward model needs the prompts")
         lengths = torch.tensor([float(n) for n in n_tokens])
-        rm = self.model(prompts, texts)
+        rm = self.model(prompts, texts, features=features)
         audit = self.audit(prompts, texts) if self.audit is not None else None
         scores = rm.scores - self.rm_cfg.length_penalty * lengths
         has_rule = self.custom is not None or all(has_gold_rule(ds) for ds in data_sources)
         if not has_rule and self.rm_cfg.rule_weight == 0:
-            return RewardOutput(scores, None, None, rm.spread, rm.scores, audit)
+            return RewardOutput(scores, None, None, rm.spread, rm.scores, audit, rm.features)
         gold = torch.tensor(self._rules(texts, data_sources, ground_truths, extra_infos))
         scores = scores + self.rm_cfg.rule_weight * gold
         if self.learned_rm:  # the built-in task: the yardstick is the RM's score of the short correct answer
             yardstick = self.model(prompts, [self.task.reference_response(gt) for gt in ground_truths]).scores
             hacked = self.task.hacked(gold, scores, yardstick + self.rm_cfg.rule_weight)
-            return RewardOutput(scores, gold, hacked, rm.spread, rm.scores, audit)
-        return RewardOutput(scores, gold, hacked_by_model(gold, scores), rm.spread, rm.scores, audit)
+            return RewardOutput(scores, gold, hacked, rm.spread, rm.scores, audit, rm.features)
+        return RewardOutput(scores, gold, hacked_by_model(gold, scores), rm.spread, rm.scores, audit, rm.features)
 
     def __call__(self, texts: Sequence[str], n_tokens: Sequence[int], data_sources: Sequence[str],
                  ground_truths: Sequence[str], extra_infos: Sequence[Any],
-                 prompts: Sequence[Sequence[dict[str, str]]] | None = None) -> RewardOutput:
-        """`prompts` (each row's chat messages) are needed only by a reward model."""
+                 prompts: Sequence[Sequence[dict[str, str]]] | None = None, *, features: bool = False
+                 ) -> RewardOutput:
+        """`prompts` (each row's chat messages) are needed only by a reward model. `features`: with a reward model,
+        also its last-layer features (`RewardOutput.features`; an ensemble's first member's)."""
         self._extra, self._rows = [], len(texts)  # the custom function's dicts of this call, one per row
         if self.model is not None:
-            out = self._with_model(texts, n_tokens, data_sources, ground_truths, extra_infos, prompts)
+            out = self._with_model(texts, n_tokens, data_sources, ground_truths, extra_infos, prompts, features)
             out.extra = self._extras()
             return out
         rule = self._rules(texts, data_sources, ground_truths, extra_infos)

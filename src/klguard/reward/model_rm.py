@@ -4,7 +4,8 @@ As verl does when the RM's tokenizer differs from the policy's, each prompt (its
 decoded response are re-rendered with the RM's own chat template (`[*prompt, {assistant: response}]`)
 and re-tokenised; an RM tokenizer without a template reads `prompt text + response`. Sequences are
 right-padded and scored in micro-batches of `reward_model.micro_batch_size_per_gpu`; longer than
-`reward_model.max_length` keeps the end (the score sits on the last token).
+`reward_model.max_length` keeps the end (the score sits on the last token). `ModelReward.score` can also return the
+final hidden state at that token (`output_hidden_states`), the features klguard.reward.rm_outliers measures.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ def render_chat(tokenizer, prompt: Sequence[dict[str, str]], response: str) -> s
     return "\n".join(m["content"] for m in prompt) + "\n" + response
 
 
+def scored_positions(input_ids: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
+    """Each row's token whose logit a Hugging Face sequence classifier returns: the rightmost token that is not the
+    pad token (the last position without a pad id)."""
+    if pad_token_id is None:
+        return torch.full((len(input_ids),), input_ids.shape[-1] - 1, device=input_ids.device)
+    non_pad = (input_ids != pad_token_id).to(torch.int32)
+    return (torch.arange(input_ids.shape[-1], device=input_ids.device, dtype=torch.int32) * non_pad).argmax(-1)
+
+
 class ModelReward:
     """One reward model: a user's folder (`user`: `reward_model.model.*` applies), or a built-in learned RM's."""
 
@@ -59,25 +69,38 @@ class ModelReward:
         self.model = apply_precision(model.to(device).eval().requires_grad_(False),
                                      config.actor_rollout_ref.actor.fsdp_config.dtype, device)
         self.device = device
+        self.pad_token_id = model.config.get_text_config().pad_token_id
         self.micro_batch = rm.micro_batch_size_per_gpu
         self.max_length = rm.max_length
 
     def render(self, prompt: Sequence[dict[str, str]], response: str) -> str:
         return render_chat(self.tokenizer, prompt, response)
 
-    @torch.no_grad()
     def __call__(self, prompts: Sequence[Sequence[dict[str, str]]], responses: Sequence[str]) -> torch.Tensor:
         """One float score per (prompt, response), on the CPU."""
+        return self.score(prompts, responses)[0]
+
+    @torch.no_grad()
+    def score(self, prompts: Sequence[Sequence[dict[str, str]]], responses: Sequence[str], *,
+              features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The scores and, with `features`, each sequence's final hidden state [N, H] (float32, CPU) at the token the
+        score is read from (klguard.reward.rm_outliers measures them); the scores are the same either way."""
         texts = [self.render(p, r) for p, r in zip(prompts, responses, strict=True)]
         step = self.micro_batch or max(1, len(texts))
         # a chat template writes its own special tokens; plain text gets the tokenizer's (e.g. BOS)
         special = not self.tokenizer.chat_template
-        scores = []
+        scores, states = [], []
         for start in range(0, len(texts), step):
             enc = self.tokenizer(texts[start : start + step], padding=True, return_tensors="pt",
                                  add_special_tokens=special, truncation=self.max_length is not None,
                                  max_length=self.max_length)
-            logits = self.model(input_ids=enc["input_ids"].to(self.device),
-                                attention_mask=enc["attention_mask"].to(self.device)).logits
-            scores.append(logits[:, 0].float().cpu())
-        return torch.cat(scores) if scores else torch.zeros(0)
+            ids = enc["input_ids"].to(self.device)
+            out = self.model(input_ids=ids, attention_mask=enc["attention_mask"].to(self.device),
+                             output_hidden_states=features)
+            scores.append(out.logits[:, 0].float().cpu())
+            if features:
+                rows = torch.arange(len(ids), device=ids.device)
+                states.append(out.hidden_states[-1][rows, scored_positions(ids, self.pad_token_id)].float().cpu())
+        if not scores:
+            return torch.zeros(0), None
+        return torch.cat(scores), torch.cat(states) if features else None

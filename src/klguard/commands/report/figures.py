@@ -44,6 +44,8 @@ PANELS: tuple[Panel, ...] = (
           (("hacking/ref_nll", "NLL under the reference"), ("hacking/ref_low_prob_share", "tokens under the floor"))),
     Panel("Audit RM: unshared gain (gold-free signal)", "baseline stds",
           (("guard/audit_gap", "optimised RM gain - audit RM gain"),)),
+    Panel("RM feature outliers (gold-free signal)", "share of rollouts",
+          (("hacking/rm_feature_outlier_share", "outliers from the first steps' features"),)),
 )
 
 ACTION_COLORS = {"rollback": "tab:red", "pause": "black", "cut_lr": "tab:purple", "raise_kl_coef": "tab:orange",
