@@ -62,7 +62,13 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     # the guard over the PI controller with k3, target 0.03 (an earlier measurement's best trade-off)
     "guarded_pid": ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.target_kl=0.03",
                     "algorithm.kl_penalty=low_var_kl"),
-    "guarded_warmup0": (*GUARDED_DEFAULT, "guard.warmup_kl_coef=0"),  # a warm-up at beta 0 for 20% of steps
+    # the guard with looser rollback targets: re-anchoring at every rollback, targets within 1.2x the baseline
+    # length, the validation rules acting on one validation
+    "guarded_loose": (*GUARDED_DEFAULT, "guard.stable_length_growth=0.2", "guard.reanchor_rollbacks=3",
+                      "guard.val_patience=1"),
+    "guarded_warmup0": (*GUARDED_DEFAULT, "guard.stable_length_growth=0.2", "guard.reanchor_rollbacks=3",
+                        "guard.val_patience=1", "guard.warmup_kl_coef=0"),  # that guard, beta 0 for 20% of steps
+    "guarded_target_0.03": (*GUARDED_DEFAULT, "algorithm.kl_ctrl.target_kl=0.03"),  # the guarded default at 0.03
     # the claim that target_kl 0.015 hacks ~40% less than 0.03, with a better true score
     # (adaptive at 0.015 is seed_recipe itself)
     "adaptive_0.03": _controller("adaptive", 0.03),

@@ -31,14 +31,16 @@ LABELS = {
     "adaptive_0.03": "adaptive 0.03, beta0 0.0005, horizon 10000, k3, no guard",
     "pid_0.015": "pid, k3, target 0.015",
     "pid_0.03": "pid, k3, target 0.03",
-    "guarded_warmup0": "klguard default + beta 0 for the first 20% of steps",
+    "guarded_warmup0": "looser guard (row above) + beta 0 for the first 20% of steps",
     "guarded_gold_free": "klguard default + `kl_growth` acting",
     "guarded_no_gold": "klguard default, gold validation no signal",
     "guarded_pid": "klguard default over pid, k3, target 0.03",
     "verl_default_par": "verl default + PAR shaping",
+    "guarded_loose": "looser guard: re-anchoring at every rollback, targets within 1.2x length, one validation",
+    "guarded_target_0.03": "klguard default at target_kl 0.03",
 }
 DEMO_ORDER = ("guarded", "verl_default", "seed_recipe", "fixed_0.01", "fixed_0.1", "fixed_0.3", "fixed_0.5",
-              "adaptive_0.03", "pid_0.015", "pid_0.03", "guarded_warmup0")
+              "adaptive_0.03", "pid_0.015", "pid_0.03", "guarded_target_0.03", "guarded_loose", "guarded_warmup0")
 MATRIX_ORDER = ("guarded", "verl_default", "seed_recipe", "fixed_0.03", "fixed_0.1", "fixed_0.3", "fixed_1.0")
 SETTINGS = {"ppo_rm": "PPO + reward model", "grpo": "GRPO + KL loss", "ppo_rule": "PPO + rule reward"}
 
