@@ -101,7 +101,9 @@ def split_target(spec: str) -> tuple[str, str | None]:
     name, sep, transform = spec.rpartition(":")
     if not sep:
         return spec, None
-    if transform not in TRANSFORMS or not name:
+    if not name:
+        raise UserError(f"{spec!r}: no guard name before ':'")
+    if transform not in TRANSFORMS:
         raise UserError(f"{spec!r}: unknown transform {transform!r} after ':' (known: {', '.join(TRANSFORMS)})")
     return name, transform
 
