@@ -52,7 +52,7 @@ def test_no_signal_fires_before_the_window_ends() -> None:
 def test_a_metric_logged_every_step_keeps_its_first_10_values() -> None:
     values = [1.0 + 0.1 * i for i in range(12)]  # steps 1-12; baseline: steps 1-10, mean 1.45
     for last, fires in ((1.96, True), (1.94, False)):
-        stream = [(0, {})] + steps({s: {NLL: v} for s, v in enumerate(values, start=1)} | {11: {NLL: last}}, 12)
+        stream = [(0, {}), *steps({s: {NLL: v} for s, v in enumerate(values, start=1)} | {11: {NLL: last}}, 12)]
         d = run(stream)  # step 0: a validation-only step, as klguard's trainer logs before training
         assert d.guard.state_dict()["ref_nll_base"] == values[:10]
         assert d.metrics[11]["guard/hack_ref_nll"] == float(fires)

@@ -17,8 +17,8 @@ from klguard.guard.signals import (
     LENGTH,
     PPO_KL,
     REF_KL,
-    REF_NLL,
     REF_KL_LOSS,
+    REF_NLL,
     SCORE,
 )
 
