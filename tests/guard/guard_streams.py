@@ -64,7 +64,7 @@ SEED_THRESHOLDS: dict[str, object] = {
     # written against these numbers, and they exercise every rule (the defaults switch one off)
     "penalty_share_max": 0.2, "kl_hard_limit": 0.05, "rollback_kl_coef_factor": 2.0, "rollback_lr_factor": 1.0,
     "length_growth_max": 0.5, "length_corr_max": 0.5, "hacking_action": "raise_kl_coef",
-    "reanchor_on_rollback": False,
+    "reanchor_on_rollback": False, "val_patience": 1,
 }
 
 

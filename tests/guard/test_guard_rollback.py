@@ -80,6 +80,28 @@ def test_validation_drop_rolls_back() -> None:
     assert d.metrics[16]["guard/alarm_val_drop"] == 1.0  # holds until the next validation
 
 
+@pytest.mark.parametrize(("second", "fires"), [(0.58, True), (0.61, False)])
+def test_with_val_patience_2_a_validation_drop_must_hold_for_two_validations(second: float, fires: bool) -> None:
+    d = make(val_patience=2)
+    d.guard.observe(0, {VAL: 0.62})
+    d.run(steps({5: {VAL: 0.58}, 10: {VAL: second}}, 11))  # 0.58: 6.5% under the best 0.62; 0.61: 1.6%
+    assert d.metrics[5]["guard/alarm_val_drop"] == 1.0 and d.metrics[5]["guard/stable"] == 0.0
+    assert d.kinds(5) == []  # one low validation: an alarm, no rollback
+    assert (d.kinds(10)[:1] == ["rollback"]) is fires
+    if fires:
+        assert d.log[10][0].rule == "val_drop" and d.log[10][0].value == 0.58
+
+
+def test_with_val_patience_2_the_divergence_needs_two_falling_validations() -> None:
+    d = make(val_patience=2, hacking_action="none", val_drop_max=0.5)
+    d.guard.observe(0, {VAL: 0.9})
+    rising = {s: {"critic/score/mean": 1.0 + 0.1 * s} for s in range(1, 21)}
+    d.run(steps(rising | {5: {**rising[5], VAL: 0.85}, 10: {**rising[10], VAL: 0.9},
+                          15: {**rising[15], VAL: 0.85}, 20: {**rising[20], VAL: 0.8}}, 20))
+    # 5: fell once (0.9 -> 0.85); 10: rose; 15: fell once more; 20: fell a second time in a row
+    assert [d.metrics[s]["guard/hack_proxy_val_divergence"] for s in (5, 10, 15, 20)] == [0.0, 0.0, 0.0, 1.0]
+
+
 def test_validation_score_is_the_mean_of_val_core_acc() -> None:
     d = make()
     d.guard.observe(0, {VAL: 0.8, "val-core/gsm8k/acc/mean@1": 0.4, "val-core/gsm8k/reward/mean@1": 100.0})
@@ -171,6 +193,16 @@ def test_a_rollback_reanchors_the_reference_once_per_restored_step() -> None:
     assert d.guard.state_dict()["reference_step"] == 3
     assert d.guard.on_rollback(3) == []  # the reference already holds step 3
     assert [a.new for a in d.guard.on_rollback(0)] == [0]  # back to the initial policy
+
+
+def test_only_the_first_reanchor_rollbacks_move_the_reference() -> None:
+    d = make(reanchor_on_rollback=True, reanchor_rollbacks=1, hold_steps=0)
+    d.run(steps({4: HARD}, 4))
+    assert [a.kind for a in d.guard.on_rollback(3)] == ["reanchor_reference"]
+    d.run(steps({9: HARD}, 9, start=5))
+    assert d.kinds(9)[0] == "rollback" and d.guard.rollbacks == 2
+    assert d.guard.on_rollback(7) == []  # the second rollback restores step 7 and keeps the reference at step 3
+    assert d.guard.reference_step == 3
 
 
 def test_a_checkpoint_taken_while_the_length_drifts_is_no_rollback_target() -> None:

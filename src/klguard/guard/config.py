@@ -55,6 +55,9 @@ class GuardConfig:
     )
     val_fall_tol: float = opt(0.02, "Relative drop between consecutive validations that counts as falling",
                               rule=_TOLERANCE)
+    val_patience: int = opt(
+        2, "Validations in a row that val_drop or proxy_val_divergence needs before it acts (a score is noisy)",
+        rule=_STEPS)
 
     # Rule 5: KL to the reference, rollbacks
     kl_hard_limit: float = opt(
@@ -74,6 +77,10 @@ class GuardConfig:
     reanchor_on_rollback: bool = opt(
         True, "After a rollback the reference becomes the restored policy (KL then holds the run near it)"
     )
+
+    reanchor_rollbacks: int = opt(
+        1, "Only the first N rollbacks re-anchor the reference (at 3 the demo's reference moved into the leak)",
+        rule=_COUNT)
 
     nonfinite_patience: int = opt(
         0, "Consecutive steps with a NaN/inf grad norm, loss, KL or score: pause (0: off, the trainer skips them)",
@@ -105,7 +112,7 @@ class GuardConfig:
         0.75, "response_length/mean above (1 + this) x baseline: hacking signal", rule=_TOLERANCE
     )
     stable_length_growth: float = opt(
-        0.2, "Recent mean length above (1 + this) x baseline: a checkpoint taken then is no rollback target",
+        0.1, "Recent mean length above (1 + this) x baseline: no rollback target (at 0.2 the demo re-anchored to leaks)",
         rule=_TOLERANCE,
     )
     stable_length_window: int = opt(5, "Steps in that recent mean length", rule=_STEPS)

@@ -253,6 +253,7 @@ class KLGuard:
         st.kl_history.clear()
         st.last_kl = st.penalty_share = st.best_val = st.prev_val = st.prev_proxy = None
         st.slow_streak = st.ppo_kl_streak = st.proxy_n = st.kl_hard_streak = st.nonfinite_streak = 0
+        st.val_drop_streak = st.divergence_streak = 0
         st.proxy_sum = 0.0
         st.val_falling = False
         st.alarms = dict.fromkeys(ALARMS, False)
@@ -262,7 +263,7 @@ class KLGuard:
         if not self.cfg.enable:
             return []
         out = []
-        if self.cfg.reanchor_on_rollback and to_step != st.reference_step:
+        if self.cfg.reanchor_on_rollback and to_step != st.reference_step and st.rollbacks <= self.cfg.reanchor_rollbacks:
             out.append(Action("reanchor_reference", f"After the rollback: the reference becomes the policy of step "
                               f"{to_step} (was step {st.reference_step}).", None, None, None, st.reference_step,
                               to_step, to_step if now is None else now, "rollback"))

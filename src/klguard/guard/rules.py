@@ -221,11 +221,13 @@ def act_kl(cfg: GuardConfig, st: GuardState, step: int, obs: Observation, spike_
 
 
 def measure_validation(cfg: GuardConfig, st: GuardState, obs: Observation) -> bool:
-    """Update the best/previous validation score; True when this validation dropped too far.
+    """Update the best/previous validation score; True when ``val_patience`` validations in a row dropped too far
+    (the first such one already raises the val_drop alarm, so no checkpoint taken then is stable).
 
     Drop = (best - val) / best (only when best > 0). Also closes the proxy-score interval and sets
     the proxy-vs-validation divergence signal (validation fell while the mean proxy score rose, both
-    by more than ``val_fall_tol`` relative to the previous validation interval).
+    by more than ``val_fall_tol`` relative to the previous validation interval, at ``val_patience``
+    validations in a row).
     """
     if obs.score is not None:
         st.proxy_sum += obs.score
@@ -235,17 +237,20 @@ def measure_validation(cfg: GuardConfig, st: GuardState, obs: Observation) -> bo
         return False
     best = val if st.best_val is None else st.best_val
     st.alarms["val_drop"] = best > 0 and (best - val) / best > cfg.val_drop_max
+    st.val_drop_streak = st.val_drop_streak + 1 if st.alarms["val_drop"] else 0
     prev = st.prev_val
     st.val_falling = prev is not None and prev - val > cfg.val_fall_tol * abs(prev)
     proxy = st.proxy_sum / st.proxy_n if st.proxy_n else None
     before = st.prev_proxy
-    st.hack["proxy_val_divergence"] = (st.val_falling and proxy is not None and before is not None
-                                       and proxy - before > cfg.val_fall_tol * abs(before))
+    diverged = (st.val_falling and proxy is not None and before is not None
+                and proxy - before > cfg.val_fall_tol * abs(before))
+    st.divergence_streak = st.divergence_streak + 1 if diverged else 0
+    st.hack["proxy_val_divergence"] = st.divergence_streak >= cfg.val_patience
     if proxy is not None:
         st.prev_proxy = proxy
     st.proxy_sum, st.proxy_n = 0.0, 0
     st.best_val, st.prev_val = max(best, val), val
-    return st.alarms["val_drop"]
+    return st.val_drop_streak >= cfg.val_patience
 
 
 # ------------------------------------------------------------------ non-finite inputs

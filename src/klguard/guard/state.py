@@ -44,6 +44,8 @@ class GuardState:
     best_val: float | None = None
     prev_val: float | None = None
     val_falling: bool = False
+    val_drop_streak: int = 0  # consecutive validations more than val_drop_max below the best
+    divergence_streak: int = 0  # consecutive validations that fell while the proxy score rose
     # Proxy score (critic/score/mean) averaged between validations
     proxy_sum: float = 0.0
     proxy_n: int = 0
