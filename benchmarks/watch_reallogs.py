@@ -6,7 +6,10 @@ copied into the repository): what it read and what it decided, beside each log's
 
 Each log is watched as a new user would run `klguard watch LOG` (format told from the content, the external hosts'
 defaults), with `--map` only where a log's own names need it (MAPS). Prints one table row per log and writes
-benchmarks/results/watch_reallogs.json. Decision events go to a temporary folder.
+benchmarks/results/watch_reallogs.json. Decision events go to a temporary folder. A log with a `hacking/ref_nll` input
+(the log of a perplexity under the base model), a logged-only signal by default, is watched twice more with
+`ref_nll` among `guard.hacking_signals` (REF_NLL_RUNS): as it is, and with the KL hard limit out of reach, to see
+the step the signal alone would stop at.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from pathlib import Path
 from klguard.commands.watch import STOP_KINDS, Watch, WatchOptions
 from klguard.commands.watch_rules import KL, VAL, has
 from klguard.errors import UserError
-from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
-from klguard.guard.signals import ENTROPY, GRAD_NORM, LENGTH, PPO_KL, SCORE
+from klguard.guard.config import DEFAULT_HACKING_SIGNALS, EXTERNAL_HOST_DEFAULTS
+from klguard.guard.signals import ENTROPY, GRAD_NORM, LENGTH, PPO_KL, REF_NLL, SCORE
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOGS = ROOT.parent / "shared" / "reallogs"
@@ -35,7 +38,10 @@ OUT = ROOT / "benchmarks" / "results" / "watch_reallogs.json"
 MAPS = {"15": ["ppo_response_length/mean=response_length/mean"]}
 """The one log whose metric is named by its author only (a `mean|std` string under `ppo_response_length`)."""
 SHORT = {KL[0]: "kl", KL[1]: "kl", PPO_KL: "ppo_kl", SCORE: "score", GRAD_NORM: "grad", LENGTH: "len",
-         ENTROPY: "ent", VAL: "val"}
+         ENTROPY: "ent", REF_NLL: "ref_nll", VAL: "val"}
+WITH_REF_NLL = f"guard.hacking_signals=[{','.join([*DEFAULT_HACKING_SIGNALS, 'ref_nll'])}]"
+REF_NLL_RUNS = {"with_ref_nll": [WITH_REF_NLL], "with_ref_nll_no_kl_hard": [WITH_REF_NLL, "guard.kl_hard_limit=1e9"]}
+"""The extra watches of a log with a `hacking/ref_nll` input: their overrides."""
 
 
 def labels(index: Path) -> dict[str, str]:
@@ -44,10 +50,10 @@ def labels(index: Path) -> dict[str, str]:
     return {number: label.strip() for number, label in rows}
 
 
-def watch_one(log: Path, events: Path) -> dict:
+def watch_one(log: Path, events: Path, overrides: list[str] | None = None) -> dict:
     number = log.name[:2]
     said: list[str] = []
-    watch = Watch(log, [], WatchOptions(events=events, names=MAPS.get(number, [])), say=said.append)
+    watch = Watch(log, overrides or [], WatchOptions(events=events, names=MAPS.get(number, [])), say=said.append)
     try:
         with contextlib.redirect_stdout(io.StringIO()) as printed:  # the decision lines, also in `said` and events
             code = watch.run()
@@ -66,7 +72,15 @@ def watch_one(log: Path, events: Path) -> dict:
             "stop": None if stop is None else {"kind": stop.kind, "step": stop.step, "rule": stop.rule,
                                               "metric": stop.metric, "value": stop.value,
                                               "threshold": stop.threshold, "reason": stop.reason},
-            "said": said[1:] + printed.getvalue().splitlines()}  # less the first line: paths of this machine
+            "said": said[1:] + printed.getvalue().splitlines(),  # less the first line: paths of this machine
+            "ref_nll_runs": {key: _decision(log, events, extra) for key, extra in REF_NLL_RUNS.items()}
+            if has(watch.names, REF_NLL) and overrides is None else None}
+
+
+def _decision(log: Path, events: Path, overrides: list[str]) -> dict:
+    """A REF_NLL_RUNS watch of `log`: its overrides, decision and stop."""
+    row = watch_one(log, events, overrides)
+    return {"overrides": overrides, "decision": row["decision"], "stop": row.get("stop")}
 
 
 def machine() -> str:
@@ -108,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         steps = f"{row['steps']}" + (f" ({span[0]}-{span[1]})" if span else "")
         print(f"| {row['log'][:2]:<3} | {row['format']:<12} | {steps:<14} | {', '.join(row.get('inputs', [])):<38} "
               f"| {row['decision']:<40} | {row['label']} |")
+    for row in rows:
+        for key, run in (row.get("ref_nll_runs") or {}).items():
+            print(f"{row['log'][:2]} {key} ({' '.join(run['overrides'])}): {run['decision']}")
     result = {"command": "python benchmarks/watch_reallogs.py", "logs": os.path.relpath(folder, ROOT),
               "seconds": round(seconds, 1),
               "machine": machine(),

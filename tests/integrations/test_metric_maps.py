@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
+from klguard.errors import UserError
 from klguard.guard.signals import read_metrics
 from klguard.integrations.gold import GoldWindow
-from klguard.integrations.metric_maps import TRL_METRICS, to_klguard_names
+from klguard.integrations.metric_maps import TRL_METRICS, guard_names, split_target, to_klguard_names
 
 
 def test_trl_names_become_the_guards_inputs():
@@ -50,3 +51,32 @@ def test_importing_klguard_imports_no_trainer_library():
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("ppl", [4.47, 18.14, 1.0])
+def test_a_perplexity_under_the_base_model_is_the_reference_nll(ppl):
+    assert guard_names({"eval_perplexity": ppl}, "plain") == {"hacking/ref_nll": math.log(ppl)}
+    assert to_klguard_names({"eval_perplexity": ppl}, "plain") == {"hacking/ref_nll": math.log(ppl)}
+    assert guard_names({"eval_perplexity": ppl}, "trl") == {"eval_perplexity": ppl}  # plain loops' name only
+
+
+@pytest.mark.parametrize("ppl", [0.0, -3.0, math.nan, math.inf])
+def test_a_perplexity_that_has_no_log_is_skipped(ppl):
+    assert guard_names({"eval_perplexity": ppl, "kl": 0.1}, "plain") == {"actor/kl_loss": 0.1}
+    assert guard_names({"my_ppl": ppl}, "plain", {"my_ppl": "hacking/ref_nll:log"}) == {}
+
+
+def test_a_logged_reference_nll_wins_over_a_perplexity():
+    assert guard_names({"eval_perplexity": 8.0, "hacking/ref_nll": 1.5}, "plain") == {"hacking/ref_nll": 1.5}
+
+
+def test_the_user_map_takes_a_transform():
+    raw = {"my_ppl": 6.0, "eval_perplexity": 9.0, "r": 0.5}
+    user = {"my_ppl": "hacking/ref_nll:log", "r": "critic/score/mean"}
+    assert guard_names(raw, "plain", user) == {"hacking/ref_nll": math.log(6.0), "critic/score/mean": 0.5}
+    assert split_target("hacking/ref_nll:log") == ("hacking/ref_nll", "log")
+    assert split_target("critic/score/mean") == ("critic/score/mean", None)
+    for bad, message in (("hacking/ref_nll:sqrt", "unknown transform 'sqrt'"), ("x:", "unknown transform ''"),
+                         (":log", "no guard name")):
+        with pytest.raises(UserError, match=message):
+            split_target(bad)

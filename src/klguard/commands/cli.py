@@ -87,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between reads with --follow")
     watch.add_argument("--idle-exit", type=float, metavar="S", help="with --follow: stop, calm, once the log has not "
                        "grown for S seconds (the run ended)")
-    watch.add_argument("--map", action="append", default=[], metavar="NAME=GUARD_NAME", dest="names",
+    watch.add_argument("--map", action="append", default=[], metavar="NAME=GUARD_NAME[:log]", dest="names",
                        help="read the log's metric NAME as the guard's GUARD_NAME (repeatable), e.g. "
-                       "--map train_reward=critic/score/mean")
+                       "--map train_reward=critic/score/mean; ':log' takes its log, e.g. a perplexity under the "
+                       "reference: --map my_ppl=hacking/ref_nll:log")
     watch.add_argument("--debug", action="store_true", help="show full tracebacks")
     watch.add_argument("overrides", nargs="*", metavar="key=value",
                        help="guard.*, algorithm.kl_ctrl.* (type, target_kl) and trainer.total_training_steps")

@@ -2,9 +2,9 @@
 
 It reads the log in whatever format it is (klguard.integrations.logs tells it from the content: console output of
 verl and TRL, any JSON lines, trainer_state.json, `step: N name: value` lines, TensorBoard, MLflow, W&B, CSV),
-maps its metric names to the guard's (per trainer, plus `--map name=guard_name`), says which guard inputs it found
-and which rules run with which values, feeds each step to the guard, prints one line per decision and writes them
-to an events file. It acts on nothing: the exit code says what the guard decided, so that
+maps its metric names to the guard's (per trainer, plus `--map name=guard_name[:transform]`), says which guard
+inputs it found and which rules run with which values, feeds each step to the guard, prints one line per
+decision and writes them to an events file. It acts on nothing: the exit code says what the guard decided, so that
 `klguard watch --follow LOG || scancel $JOB` stops a run the guard would have rolled back or paused:
 0 the guard stayed calm (advice such as a higher KL coefficient may have been printed), 3 it decided to roll
 back or pause (watching stops there: the run's later steps are ones the guard would not have let happen),
@@ -27,6 +27,7 @@ from klguard.guard import Action, AdvisoryHost, GuardSession, KLGuard
 from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 from klguard.integrations.logs import MappedLog, detect_format, open_log
 from klguard.integrations.logs.detect import NoMetricsYet
+from klguard.integrations.metric_maps import split_target
 from klguard.runtime.events import append_event
 
 EXIT_CALM, EXIT_STOP = 0, 3
@@ -56,12 +57,16 @@ def events_path(reader: MappedLog) -> Path:
 
 
 def parse_map(items: Sequence[str]) -> dict[str, str]:
-    """`--map name=guard_name` items as a dict; UserError naming a malformed one."""
+    """`--map name=guard_name[:transform]` items as a dict; UserError naming a malformed one."""
     out = {}
     for item in items:
         name, sep, guard_name = item.partition("=")
         if not sep or not name.strip() or not guard_name.strip():
             raise UserError(f"--map {item!r}: expected NAME=GUARD_NAME, e.g. --map train_reward=critic/score/mean")
+        try:
+            split_target(guard_name.strip())
+        except UserError as exc:
+            raise UserError(f"--map {item!r}: {exc}, e.g. --map my_ppl=hacking/ref_nll:log") from None
         out[name.strip()] = guard_name.strip()
     return out
 

@@ -18,6 +18,7 @@ from klguard.guard.signals import (
     PPO_KL,
     REF_KL,
     REF_KL_LOSS,
+    REF_NLL,
     SCORE,
 )
 
@@ -48,6 +49,9 @@ RULES = (
     Rule("length_growth", ((LENGTH,),),
          lambda c: f"response length > {1 + c.length_growth_max:g}x its first {c.baseline_window} steps: hacking",
          lambda c: "length_growth" in c.hacking_signals),
+    Rule("ref_nll", ((REF_NLL,),),
+         lambda c: f"{REF_NLL} > {c.ref_nll_rise:g} nats over its first {c.baseline_window} steps: hacking",
+         lambda c: "ref_nll" in c.hacking_signals),
     Rule("length_collapse", ((LENGTH,),),
          lambda c: f"response length < {c.length_collapse_ratio:g}x its first steps: roll back",
          lambda c: c.length_collapse_ratio > 0),
@@ -64,7 +68,7 @@ def has(names: Collection[str], wanted: str) -> bool:
 
 def inputs_line(names: Collection[str]) -> str:
     """The guard inputs among a log's (mapped) metric names."""
-    wanted = (*KL, PPO_KL, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, GRAD_NORM, LENGTH, ENTROPY, VAL)
+    wanted = (*KL, PPO_KL, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, GRAD_NORM, LENGTH, ENTROPY, REF_NLL, VAL)
     found = [w for w in wanted if has(names, w)]
     return "guard inputs found: " + (", ".join(found) if found else "none")
 

@@ -1,8 +1,10 @@
 """Rule 9: a reward-hacking detector on signals that need no gold score.
 
 Each signal is measured every step and logged as ``guard/hack_<name>``; those named in ``guard.hacking_signals``
-raise ``guard/hacking_alarm`` (and the guard's ``hacking_action``). A baseline is the mean of the first
-``baseline_window`` steps that reported the metric; no signal fires while its baseline is being collected.
+raise ``guard/hacking_alarm`` (and the guard's ``hacking_action``). A baseline is the mean of the metric's values
+in its first ``baseline_window`` steps (from the step of its first value): it is complete once ``baseline_window``
+values are in, or once ``baseline_window`` steps have passed since the first value, so a metric logged every 10
+steps has a baseline of one value at its second logging. No signal fires while its baseline is being collected.
 
 - ``length_growth``: ``response_length/mean`` above ``(1 + length_growth_max)`` x its baseline;
 - ``length_corr``: ``hacking/length_reward_corr`` above ``length_corr_max`` while the length is above
@@ -63,9 +65,24 @@ class Evidence:
     text: str
 
 
-def _baseline(values: list[float], new: float | None, size: int) -> float | None:
-    """Collect ``new`` into ``values`` until full; return the baseline mean once it is complete."""
-    if len(values) < size:
+def _collecting(st: GuardState, name: str, values: list, new: bool, size: int) -> bool:
+    """Whether baseline ``name`` (its ``values`` so far) still takes values at this step (``st.last_step``): until
+    ``size`` values are in or ``size`` steps have passed since its first value's step (``st.baseline_start``).
+    ``new``: whether this step has a value (its step starts the window when it is the first)."""
+    if len(values) >= size:
+        return False
+    start = st.baseline_start.get(name)
+    step = st.last_step if st.last_step is not None else 0
+    if start is None:
+        if new:
+            st.baseline_start[name] = step
+        return True
+    return not values or step < start + size
+
+
+def _baseline(st: GuardState, name: str, values: list[float], new: float | None, size: int) -> float | None:
+    """Collect ``new`` into ``values`` while the baseline is collected; return its mean once it is complete."""
+    if _collecting(st, name, values, new is not None, size):
         if new is not None:
             values.append(new)
         return None
@@ -73,7 +90,7 @@ def _baseline(values: list[float], new: float | None, size: int) -> float | None
 
 
 def _length_signals(cfg: GuardConfig, st: GuardState, obs: Observation) -> list[Evidence]:
-    length0 = _baseline(st.length_base, obs.length, cfg.baseline_window)
+    length0 = _baseline(st, "length", st.length_base, obs.length, cfg.baseline_window)
     length = obs.length
     grow = length0 is not None and length0 > 0 and length is not None
     if length is not None:
@@ -105,11 +122,12 @@ def _limit_signal(st: GuardState, name: str, metric: str, value: float | None, l
     return [Evidence(name, metric, value, limit, f"{what} {value:.3g} is {side} {limit:.3g}")]
 
 
-def _score_baseline(values: list[list[float]], mean: float | None, std: float | None, size: int
-                    ) -> tuple[float, float] | None:
-    """Like :func:`_baseline` for a score's (batch mean, batch std): their means once ``size`` steps are in."""
-    if len(values) < size:
-        if mean is not None and std is not None:
+def _score_baseline(st: GuardState, name: str, values: list[list[float]], mean: float | None, std: float | None,
+                    size: int) -> tuple[float, float] | None:
+    """Like :func:`_baseline` for a score's (batch mean, batch std): their means once the baseline is complete."""
+    new = mean is not None and std is not None
+    if _collecting(st, name, values, new, size):
+        if new:
             values.append([mean, std])
         return None
     return sum(v[0] for v in values) / len(values), sum(v[1] for v in values) / len(values)
@@ -119,8 +137,8 @@ def audit_gap(cfg: GuardConfig, st: GuardState, obs: Observation) -> float | Non
     """The optimised RM's gain in baseline standard deviations minus the audit RM's (None until both baselines are
     in, or where either is missing or had no spread)."""
     window = cfg.baseline_window
-    rm0 = _score_baseline(st.rm_score_base, obs.rm_score, obs.rm_score_std, window)
-    audit0 = _score_baseline(st.audit_score_base, obs.audit_score, obs.audit_score_std, window)
+    rm0 = _score_baseline(st, "rm_score", st.rm_score_base, obs.rm_score, obs.rm_score_std, window)
+    audit0 = _score_baseline(st, "audit_score", st.audit_score_base, obs.audit_score, obs.audit_score_std, window)
     if rm0 is None or audit0 is None or obs.rm_score is None or obs.audit_score is None or not rm0[1] or not audit0[1]:
         return None
     return (obs.rm_score - rm0[0]) / rm0[1] - (obs.audit_score - audit0[0]) / audit0[1]
@@ -129,10 +147,10 @@ def audit_gap(cfg: GuardConfig, st: GuardState, obs: Observation) -> float | Non
 def measure_hacking(cfg: GuardConfig, st: GuardState, obs: Observation) -> list[Evidence]:
     """Update every signal; return the evidence of the active signals that raise the alarm."""
     window = cfg.baseline_window
-    entropy0 = _baseline(st.entropy_base, obs.entropy, window)
-    kl0 = _baseline(st.kl_seq_base, obs.kl_seq_sum, window)
-    repeat0 = _baseline(st.repetition_base, obs.repetition, window)
-    spread0 = _baseline(st.rm_spread_base, obs.rm_spread, window)
+    entropy0 = _baseline(st, "entropy", st.entropy_base, obs.entropy, window)
+    kl0 = _baseline(st, "kl_seq", st.kl_seq_base, obs.kl_seq_sum, window)
+    repeat0 = _baseline(st, "repetition", st.repetition_base, obs.repetition, window)
+    spread0 = _baseline(st, "rm_spread", st.rm_spread_base, obs.rm_spread, window)
     evidence = _length_signals(cfg, st, obs)
     evidence += _limit_signal(st, "entropy_collapse", ENTROPY, obs.entropy,
                               cfg.entropy_collapse_ratio * entropy0 if entropy0 and entropy0 > 0 else None, False,
@@ -145,14 +163,14 @@ def measure_hacking(cfg: GuardConfig, st: GuardState, obs: Observation) -> list[
     evidence += _limit_signal(st, "rm_spread", RM_SPREAD, obs.rm_spread,
                               cfg.rm_spread_factor * spread0 if spread0 and spread0 > 0 else None, True,
                               "RM ensemble spread")
-    low0 = _baseline(st.ref_low_base, obs.ref_low_prob, window)
-    nll0 = _baseline(st.ref_nll_base, obs.ref_nll, window)
+    low0 = _baseline(st, "ref_low", st.ref_low_base, obs.ref_low_prob, window)
+    nll0 = _baseline(st, "ref_nll", st.ref_nll_base, obs.ref_nll, window)
     evidence += _limit_signal(st, "ref_support", REF_LOW_PROB, obs.ref_low_prob,
                               None if low0 is None else low0 + cfg.ref_support_rise, True,
                               "share of tokens the reference finds unlikely")
     evidence += _limit_signal(st, "ref_nll", REF_NLL, obs.ref_nll, None if nll0 is None else nll0 + cfg.ref_nll_rise,
                               True, "NLL under the reference")
-    outlier0 = _baseline(st.rm_outlier_base, obs.rm_outlier, window)
+    outlier0 = _baseline(st, "rm_outlier", st.rm_outlier_base, obs.rm_outlier, window)
     evidence += _limit_signal(st, "rm_outlier", RM_OUTLIER, obs.rm_outlier,
                               None if outlier0 is None else outlier0 + cfg.rm_outlier_rise, True,
                               "share of rollouts with outlying RM features")

@@ -50,7 +50,8 @@ class GuardState:
     proxy_sum: float = 0.0
     proxy_n: int = 0
     prev_proxy: float | None = None
-    # Hacking-detector baselines: the first baseline_window values seen
+    # Hacking-detector baselines: the values of each metric's first baseline_window steps (at most that many)
+    baseline_start: dict[str, int] = field(default_factory=dict)  # each baseline's first value's step
     length_base: list[float] = field(default_factory=list)
     length_recent: list[float] = field(default_factory=list)  # the last stable_length_window lengths
     length_ratio: float | None = None  # their mean over the baseline
@@ -93,6 +94,7 @@ class GuardState:
         out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
         out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}
         out.last_fired = {str(k): int(v) for k, v in out.last_fired.items()}
+        out.baseline_start = {str(k): int(v) for k, v in out.baseline_start.items()}
         return out
 
     def ready(self, rule: str, step: int, cooldown: int) -> bool:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+
+from klguard.errors import UserError
+from klguard.guard.signals import REF_NLL
 
 TRL_METRICS: dict[str, str] = {
     "kl": "actor/kl_loss",  # TRL's KL is in the loss, a token mean (k3 estimator by default)
@@ -73,6 +76,52 @@ METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS | TRL_EARLY_METRICS
                                           "verl": VERL_METRICS,
                                           "plain": PLAIN_METRICS}
 
+
+
+def _log(value: float) -> float | None:
+    """ln(value) for a finite positive value, else None (skipped)."""
+    return math.log(value) if math.isfinite(value) and value > 0 else None
+
+
+TRANSFORMS: dict[str, Callable[[float], float | None]] = {"log": _log}
+"""Value transforms by name, for a logged metric that is a function of a guard input (`--map NAME=GUARD_NAME:log`).
+A transform's None skips the value: the guard never gets a NaN from one."""
+
+CONVERTED_METRICS: dict[str, dict[str, tuple[str, str]]] = {
+    "plain": {"eval_perplexity": (REF_NLL, "log")},
+}
+"""Per trainer: logged name -> (guard name, transform name in TRANSFORMS). A home-made loop's `eval_perplexity` is
+the perplexity of its samples under the frozen base model (IMDB-sentiment GRPO demo logs, every 10 steps): its log is
+their mean NLL per token under the reference, `hacking/ref_nll`."""
+
+
+def split_target(spec: str) -> tuple[str, str | None]:
+    """`GUARD_NAME` or `GUARD_NAME:TRANSFORM` as (guard name, transform name or None); UserError for an unknown
+    transform."""
+    name, sep, transform = spec.rpartition(":")
+    if not sep:
+        return spec, None
+    if not name:
+        raise UserError(f"{spec!r}: no guard name before ':'")
+    if transform not in TRANSFORMS:
+        raise UserError(f"{spec!r}: unknown transform {transform!r} after ':' (known: {', '.join(TRANSFORMS)})")
+    return name, transform
+
+
+def converted(name: str, value: float, trainer: str | None,
+              user_map: Mapping[str, str] | None = None) -> tuple[str, float | None] | None:
+    """(guard name, transformed value or None to skip) where `user_map` (`--map`) or the trainer's
+    CONVERTED_METRICS give `name` a transform; None where neither does."""
+    spec = (user_map or {}).get(name)
+    if spec is not None:
+        target, transform = split_target(spec)
+    elif name in CONVERTED_METRICS.get(trainer or "", {}):
+        target, transform = CONVERTED_METRICS[trainer][name]
+    else:
+        return None
+    return target, (value if transform is None else TRANSFORMS[transform](value))
+
+
 _OPENRLHF_EVAL = re.compile(r"^eval/eval_(.+)_pass1$")
 _OPENRLHF_ONLY = {"policy_loss", "actor_lr", "actor_grad_norm", "ppo_clip_ratio", "response_length"}
 
@@ -114,7 +163,9 @@ def to_klguard_names(logs: Mapping[str, object], trainer: str | None) -> dict[st
     for key, value in logs.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             continue
-        out[mapping.get(key, key)] = float(value)
+        name, new = converted(key, float(value), trainer) or (mapping.get(key, key), float(value))
+        if new is not None:
+            out[name] = new
     return out
 
 
@@ -154,19 +205,26 @@ def verl_name(name: str, value: float, logged: Collection[str]) -> tuple[str, fl
 def guard_names(raw: Mapping[str, float], trainer: str | None,
                 user_map: Mapping[str, str] | None = None) -> dict[str, float]:
     """One step's raw metrics under the guard's names, non-finite values kept (a NaN gradient norm is news).
-    `user_map` (`--map name=guard_name`) goes first; a trainer's name never replaces a name the step logs itself;
-    the other names are kept as they are. TRL without `reward`: the sum of `rewards/<fn>/mean` is the score."""
+    `user_map` (`--map name=guard_name[:transform]`) goes first; a trainer's name never replaces a name the step logs
+    itself; the other names are kept as they are; a value its transform skips is left out (CONVERTED_METRICS). TRL
+    without `reward`: the sum of `rewards/<fn>/mean` is the score."""
     user_map = user_map or {}
     mapping = METRIC_MAPS.get(trainer, {}) if trainer is not None else {}
     out: dict[str, float] = {}
     kept: list[tuple[str, float]] = []
     renamed: list[tuple[str, float]] = []
     for name, value in raw.items():
-        if name in user_map:
-            out[user_map[name]] = float(value)
+        change = converted(name, float(value), trainer, user_map)
+        if change is None:
+            new = verl_name(name, float(value), raw) if trainer == "verl" else (mapping.get(name, name), float(value))
+            (kept if new[0] == name else renamed).append(new)
             continue
-        new = verl_name(name, float(value), raw) if trainer == "verl" else (mapping.get(name, name), float(value))
-        (kept if new[0] == name else renamed).append(new)
+        target, number = change
+        if number is not None:
+            if name in user_map:
+                out[target] = number
+            else:
+                renamed.append((target, number))
     for name, value in kept + renamed:
         out.setdefault(name, value)
     if trainer in ("trl", "plain") and "critic/score/mean" not in out:

@@ -147,3 +147,25 @@ def test_the_name_map_reaches_the_guard(tmp_path):
     (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "my_kl": 0.3, "score": 1.0}) + "\n")
     _, steps = read(tmp_path / "log.jsonl", user_map={"my_kl": "actor/kl_loss", "score": "critic/score/mean"})
     assert steps == [(1, {"actor/kl_loss": 0.3, "critic/score/mean": 1.0})]
+
+
+def test_a_perplexity_every_10_steps_is_read_as_the_reference_nll(tmp_path):
+    rows = [{"step": 0, "eval_perplexity": 4.47}]
+    for s in range(1, 21):
+        rows.append({"step": s, "train_reward": 0.5, "kl": 0.01})
+        if s % 10 == 0:
+            rows.append({"step": s, "eval_reward": 0.9, "eval_perplexity": 4.0 + s, "eval_distinct_2": 1.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log, steps = read(tmp_path / "metrics.jsonl")
+    assert log.trainer == "plain"
+    nll = {s: m["hacking/ref_nll"] for s, m in steps if "hacking/ref_nll" in m}
+    assert nll == {0: math.log(4.47), 10: math.log(14.0), 20: math.log(24.0)}
+    assert all("eval_perplexity" not in m for _, m in steps)
+
+
+def test_a_csv_perplexity_column_and_a_mapped_one(tmp_path):
+    (tmp_path / "export.csv").write_text("step,train/reward,eval_perplexity,ppl_ref\n0,,4.5,2.0\n10,0.5,0,\n")
+    _, steps = read(tmp_path / "export.csv")
+    assert steps == [(0, {"hacking/ref_nll": math.log(4.5), "ppl_ref": 2.0}), (10, {"critic/score/mean": 0.5})]
+    _, steps = read(tmp_path / "export.csv", user_map={"ppl_ref": "hacking/ref_nll:log", "eval_perplexity": "x"})
+    assert steps == [(0, {"hacking/ref_nll": math.log(2.0), "x": 4.5}), (10, {"critic/score/mean": 0.5, "x": 0.0})]

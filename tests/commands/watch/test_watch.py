@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -154,6 +155,8 @@ def test_follow_ends_calm_when_the_log_stops_growing(tmp_path, capsys):
     ('{"step": 1, "kl": 0.1}\n{"kl": 0.2}\n', [], "line 2 is not a jsonl metrics line"),
     ("kl,reward\n0.1,0.5\n0.2,0.6\n", [], "the header row has no step column"),
     ('{"step": 1, "kl": 0.1}\n', ["--map", "kl"], "--map 'kl': expected NAME=GUARD_NAME"),
+    ('{"step": 1, "ppl": 5}\n', ["--map", "ppl=hacking/ref_nll:sqrt"],
+     "--map 'ppl=hacking/ref_nll:sqrt': 'hacking/ref_nll:sqrt': unknown transform 'sqrt' after ':' (known: log)"),
     ('{"step": 1}\n', ["guard.kl_hard_limit=-1"], "guard.kl_hard_limit=-1.0 must be > 0"),
     ('{"step": 1}\n', ["data.train_batch_size=8"], "data.train_batch_size is not a key of klguard watch"),
 ])
@@ -195,6 +198,44 @@ def test_the_name_map_makes_a_log_judgeable(tmp_path, capsys):
     assert main(["watch", path, "--map", "divergence=actor/kl_loss", "--map", "r=critic/score/mean"]) == 3
     out = capsys.readouterr().out
     assert "--map divergence=actor/kl_loss, r=critic/score/mean" in out and "stop the run at step 6" in out
+
+
+REF_NLL_ON = "guard.hacking_signals=[length_growth,length_corr,entropy_collapse,proxy_val_divergence,ref_nll]"
+
+
+def perplexity_log(path, name: str, late: float) -> str:
+    """A custom loop's JSON lines: a calm step every step, its samples' perplexity under the base model every 10 steps
+    (e^1.2 at step 0, then `late`)."""
+    rows = [(0, {name: math.exp(1.2)})]
+    for s in range(1, 31):
+        rows.append((s, {"train_reward": 0.5, "kl": 0.01, "grad_norm": 1.0, "completion_tokens": 30.0}))
+        if s % 10 == 0:
+            rows.append((s, {"eval_reward": 0.9, name: math.exp(1.2) if s == 10 else late}))
+    return write_jsonl(path, rows)
+
+
+@pytest.mark.parametrize(("nll", "code"), [(1.71, 3), (1.69, 0)])
+def test_a_perplexity_every_10_steps_feeds_the_reference_nll_signal(tmp_path, capsys, nll, code):
+    path = perplexity_log(tmp_path / "metrics.jsonl", "eval_perplexity", math.exp(nll))
+    assert main(["watch", path]) == 0  # ref_nll is logged only by default
+    out = capsys.readouterr().out
+    assert "guard inputs found: actor/kl_loss, critic/score/mean, actor/grad_norm, response_length/mean, " \
+           "hacking/ref_nll (plain" in out
+    assert main(["watch", path, REF_NLL_ON]) == code  # baseline: step 0's value 1.2, + guard.ref_nll_rise 0.5
+    out = capsys.readouterr().out
+    assert "ref_nll: hacking/ref_nll > 0.5 nats over its first 10 steps: hacking" in out
+    if code:
+        assert "[step 20] rollback: Reward hacking suspected (NLL under the reference 1.71 is above 1.7)" in out
+
+
+def test_a_mapped_perplexity_column_takes_its_log(tmp_path, capsys):
+    path = perplexity_log(tmp_path / "metrics.jsonl", "ppl_base", math.exp(1.8))
+    assert main(["watch", path, REF_NLL_ON]) == 0  # `ppl_base` means nothing to the guard
+    assert "entropy_collapse (no actor/entropy), ref_nll (no hacking/ref_nll)" \
+        in capsys.readouterr().out
+    assert main(["watch", path, REF_NLL_ON, "--map", "ppl_base=hacking/ref_nll:log"]) == 3
+    out = capsys.readouterr().out
+    assert "--map ppl_base=hacking/ref_nll:log" in out and "[step 20] rollback: Reward hacking suspected" in out
 
 
 def test_nan_gradient_norms_pause_at_the_third_step(tmp_path, capsys):
