@@ -112,7 +112,7 @@ class GuardConfig:
         0.75, "response_length/mean above (1 + this) x baseline: hacking signal", rule=_TOLERANCE
     )
     stable_length_growth: float = opt(
-        0.1, "Recent mean length above (1 + this) x baseline: no rollback target (at 0.2 the demo re-anchored to leaks)",
+        0.1, "Recent mean length above (1 + this) x baseline: no rollback target (0.2 re-anchored the demo to leaks)",
         rule=_TOLERANCE,
     )
     stable_length_window: int = opt(5, "Steps in that recent mean length", rule=_STEPS)

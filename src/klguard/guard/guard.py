@@ -263,7 +263,8 @@ class KLGuard:
         if not self.cfg.enable:
             return []
         out = []
-        if self.cfg.reanchor_on_rollback and to_step != st.reference_step and st.rollbacks <= self.cfg.reanchor_rollbacks:
+        reanchor = self.cfg.reanchor_on_rollback and st.rollbacks <= self.cfg.reanchor_rollbacks
+        if reanchor and to_step != st.reference_step:
             out.append(Action("reanchor_reference", f"After the rollback: the reference becomes the policy of step "
                               f"{to_step} (was step {st.reference_step}).", None, None, None, st.reference_step,
                               to_step, to_step if now is None else now, "rollback"))
