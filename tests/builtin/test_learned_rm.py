@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from klguard.builtin.learned_rm import ensure_learned_rm, learned_rm_dir
+from klguard.builtin.learned_rm import ensure_learned_rm, learned_rm_dir, member_rows, rm_recipe
 from klguard.builtin.proxy import reference_response
 from klguard.builtin.task import TASK
 from klguard.commands.cli import main
@@ -78,6 +78,22 @@ def test_the_default_scratch_ensemble_has_members_of_their_own_and_an_audit_rm(p
     assert member_folders(folder / "audit") == [folder / "audit" / f"member-{i}" for i in range(3)]
     assert not _weights_equal(members[0], members[1])  # each member has its own resample and initialisation
     assert load_file(members[0] / "model.safetensors")["model.embed_tokens.weight"].shape[1] == 16  # hidden_size
+
+
+def test_a_mixed_ensemble_crosses_disjoint_data_halves_with_two_bodies(policy, tmp_path):
+    cfg = _config(tmp_path, *SCRATCH3, "proxy_reward.learned_rm.diversity=mixed",
+                  "proxy_reward.learned_rm.ensemble_size=4")
+    rm_cfg = cfg.proxy_reward.learned_rm
+    halves = [set(member_rows(rm_cfg, i, 10).tolist()) for i in range(4)]
+    assert halves[0] == halves[2] == {0, 2, 4, 6, 8} and halves[1] == halves[3] == {1, 3, 5, 7, 9}
+    members = member_folders(_build(cfg, policy))
+    widths = [load_file(m / "model.safetensors")["model.embed_tokens.weight"].shape[1] for m in members]
+    sft_width = load_file(policy / "model.safetensors")["model.embed_tokens.weight"].shape[1]
+    assert widths == [16, 16, sft_width, sft_width]  # scratch (hidden_size 16) for 0 and 1, the SFT body for 2 and 3
+    assert not _weights_equal(members[0], members[1]) and not _weights_equal(members[2], members[3])
+    # the default scheme keeps its cache folder names: the recipe names `diversity` only when it is not bootstrap
+    assert "diversity" not in rm_recipe(_config(tmp_path).proxy_reward.learned_rm, policy, 16)
+    assert rm_recipe(rm_cfg, policy, 16)["diversity"] == "mixed"
 
 
 def test_near_misses_are_wrong_and_never_negative():

@@ -10,7 +10,9 @@ The recipe (`proxy_reward.learned_rm.*`):
 - body (`init`): `sft`, the SFT policy's body with a fresh one-label `AutoModelForSequenceClassification` head (an RM
   that is right on the policy's distribution and wrong off it), or `scratch`, a fresh `hidden_size` x `num_layers`
   Llama on the built-in character tokenizer;
-- binary cross-entropy for `epochs` passes; `ensemble_size` members each fit to their own bootstrap resample;
+- binary cross-entropy for `epochs` passes; `ensemble_size` members, each fit to its own bootstrap resample, or with
+  `diversity=mixed` to one of two disjoint halves of the samples, from scratch or from the SFT body (crossed), so
+  that they differ in more than resample and seed (members that share their data and body share its blind spots);
 - `audit`: a second RM by the same recipe on disjoint problems and samples, saved in `audit/`. It is never optimised:
   the run scores every rollout with it as well, and the optimised RM's gain that it does not share is a gold-free
   hacking signal.
@@ -53,8 +55,11 @@ def policy_fingerprint(policy: Path) -> str:
 
 
 def rm_recipe(cfg: LearnedRMConfig, policy: Path, max_new_tokens: int) -> dict:
-    return asdict(cfg) | {"format": RM_FORMAT_VERSION, "policy": policy_fingerprint(policy),
-                          "max_new_tokens": max_new_tokens}
+    recipe = asdict(cfg)
+    if recipe["diversity"] == "bootstrap":  # the members' original scheme: its folders keep their names
+        del recipe["diversity"]
+    return recipe | {"format": RM_FORMAT_VERSION, "policy": policy_fingerprint(policy),
+                     "max_new_tokens": max_new_tokens}
 
 
 def learned_rm_dir(cfg: LearnedRMConfig, sft: SFTConfig, policy: Path, max_new_tokens: int) -> Path:
@@ -108,10 +113,10 @@ def contrast_examples(rows: list[dict], tokenizer, seed: int) -> tuple[list[str]
     return texts, labels
 
 
-def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int) -> LlamaForSequenceClassification:
+def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int, init: str) -> LlamaForSequenceClassification:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if cfg.init == "sft":  # the SFT body; the new one-label head is drawn from the seed above
+        if init == "sft":  # the SFT body; the new one-label head is drawn from the seed above
             verbosity = hf_logging.get_verbosity()
             hf_logging.set_verbosity_error()  # "some weights were newly initialised": the head, as intended
             try:
@@ -137,12 +142,23 @@ def _accuracy(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
 
 
 def member_rows(cfg: LearnedRMConfig, member: int, n: int) -> torch.Tensor:
-    """The training rows of one member: all ``n`` for a single RM, else a bootstrap resample (n draws with
-    replacement, the member's own), so that members disagree where the samples leave them free to."""
+    """The training rows of one member: all ``n`` for a single RM; with `diversity=bootstrap` a resample (n draws with
+    replacement, the member's own), so that members disagree where the samples leave them free to; with `mixed` the
+    member's half of the rows (even rows for even members), disjoint from the other half's."""
     if cfg.ensemble_size == 1:
         return torch.arange(n)
+    if cfg.diversity == "mixed":
+        return torch.arange(member % 2, n, 2)
     gen = torch.Generator().manual_seed(cfg.seed * 1009 + member + 1)
     return torch.randint(0, n, (n,), generator=gen)
+
+
+def member_init(cfg: LearnedRMConfig, member: int) -> str:
+    """One member's body: `cfg.init` for every member, or with `diversity=mixed` scratch for members 0 and 1, the SFT
+    body for 2 and 3, and so on (with 4 members every pair of data half and body is there once)."""
+    if cfg.diversity == "mixed" and cfg.ensemble_size > 1:
+        return ("scratch", "sft")[(member // 2) % 2]
+    return cfg.init
 
 
 def encode(texts: list[str], labels: list[float], tokenizer) -> tuple[torch.Tensor, ...]:
@@ -168,7 +184,7 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
     """One member fit to (a resample of) the training set, and its accuracy on both sets."""
     ids, mask, y = train
     rows = member_rows(cfg, member, len(y))
-    model = _rm_model(cfg, tokenizer, policy, seed + member)
+    model = _rm_model(cfg, tokenizer, policy, seed + member, member_init(cfg, member))
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed + member)
     loss_fn = torch.nn.BCEWithLogitsLoss()

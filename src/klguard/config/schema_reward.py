@@ -107,6 +107,7 @@ ProxyKind = Literal["length", "learned_rm"]
 
 
 RMInit = Literal["sft", "scratch"]
+RMDiversity = Literal["bootstrap", "mixed"]
 
 
 @dataclass
@@ -130,6 +131,9 @@ class LearnedRMConfig:
     ensemble_size: int = opt(
         3, "Members, each fit to its own bootstrap resample (1 = one RM on all samples); reduced by "
         "reward_model.ensemble_reduce, their spread is logged as hacking/rm_ensemble_std", rule=at_least(1))
+    diversity: RMDiversity = opt("bootstrap", "How members differ: " + choices(
+        RMDiversity, bootstrap="each its own resample of all samples, one body (init)",
+        mixed="member i: half i mod 2 of the samples, body scratch then sft by (i // 2) mod 2"))
     audit: bool = opt(True, "Also fit an audit RM by the same recipe on disjoint problems and samples; it is never "
                       "optimised and scores every rollout (hacking/audit_gap)")
 
