@@ -196,19 +196,33 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
     names = {name for by_name in grouped.values() for name in by_name}
     return {"overrides": overrides, "contenders": {n: list(CONTENDERS[n]) for n in sorted(names) if n in CONTENDERS},
             "runs": dict(sorted(runs.items())), "means": means,
-            "targets": {cell: _targets(m, grouped[cell]) for cell, m in means.items()}}
+            "targets": {cell: _targets(m, grouped[cell], _sft_rate(cell)) for cell, m in means.items()}}
 
 
-def _targets(means: dict, runs: dict[str, list[dict]]) -> dict:
+SFT_HACKING = Path(__file__).parent / "results" / "sft_hacking.json"
+
+
+def _sft_rate(cell: str) -> float | None:
+    """The SFT policy's own sampled hacking rate on the length exploit, from benchmarks/sft_hacking.py (1024 held-out
+    problems; None for the learned RM, or before that file is written)."""
+    exploit, sft = cell.split("/")
+    if exploit != "length" or not SFT_HACKING.is_file():
+        return None
+    found = json.loads(SFT_HACKING.read_text())["results"].get(sft)
+    return None if found is None else found["sampled"]["hacking_rate"]
+
+
+def _targets(means: dict, runs: dict[str, list[dict]], sft_rate: float | None = None) -> dict:
     """The targets in one cell: the guarded default against the oracle fixed beta, verl's default and the SFT policy's
-    own hacking rate (step 1's rollouts, one sample per distinct PPO seed: contenders of one seed share them)."""
+    own hacking rate (`sft_rate` where measured on its own, else step 1's rollouts of the guarded runs: 64 per PPO
+    seed, since contenders of one seed share them)."""
     pool = {n: means[n]["final_gold"] for n in ORACLE_POOL if n in means and means[n]["final_gold"] is not None}
     if "guarded" not in means or not pool:
         return {}
     oracle = max(pool, key=pool.get)
     g, verl = means["guarded"], means.get("verl_default", {})
     hack, verl_hack = g["hacking_rate"], verl.get("hacking_rate")
-    sft = _mean([r.get("first_hacking_rate") for r in runs["guarded"]])
+    sft = sft_rate if sft_rate is not None else _mean([r.get("first_hacking_rate") for r in runs["guarded"]])
     bound = None if sft is None else max(0.05, sft + 0.02)
     return {"oracle": oracle, "oracle_final_gold": pool[oracle], "guarded_final_gold": g["final_gold"],
             "gold_within_0.01": g["final_gold"] is not None and g["final_gold"] >= pool[oracle] - 0.01,
