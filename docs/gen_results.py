@@ -120,10 +120,13 @@ def matrix_overview() -> str:
         verl = data["means"][cell].get("verl_default", {})
         guarded = data["means"][cell]["guarded"]
         rows.append([cell, g4(t["guarded_final_gold"]), f"{label(t['oracle'])} ({g4(t['oracle_final_gold'])})",
-                     g4(verl.get("final_gold")), g4(t["guarded_hacking"]), g4(t["verl_hacking"]),
-                     g4(guarded["final_kl_coef"]), "yes" if t["gold_within_0.01"] else "no"])
+                     g4(verl.get("final_gold")), g4(t["guarded_hacking"]), g4(t.get("sft_hacking")),
+                     g4(t["verl_hacking"]), g4(guarded["final_kl_coef"]),
+                     f"{t.get('guarded_paused', '-')} of {t.get('guarded_runs', '-')}",
+                     "yes" if t["gold_within_0.01"] else "no"])
     head = ["cell", "guarded final gold", "best fixed beta (final gold)", "verl default final gold",
-            "guarded hacking (rollouts)", "verl hacking", "guarded final beta", "gold >= best fixed - 0.01"]
+            "guarded hacking (rollouts)", "SFT policy's own hacking", "verl hacking", "guarded final beta",
+            "guarded runs paused", "gold >= best fixed - 0.01"]
     return table(head, rows)
 
 
