@@ -4,6 +4,7 @@ ones benchmarks/results/*.json give, and no user-facing text tells the project's
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -65,9 +66,10 @@ def test_a_changed_result_changes_the_tables(tmp_path, monkeypatch) -> None:
         (results / f.name).write_text(f.read_text())
     monkeypatch.setattr(gen, "RESULTS", results)
     before = gen.render()["matrix_overview.md"]
-    text = (results / "hacking.json").read_text()
-    (results / "hacking.json").write_text(text.replace('"guarded_final_gold": 0.94140625', '"guarded_final_gold": 0.5',
-                                                      1))
+    data = json.loads((results / "hacking.json").read_text())
+    assert data["targets"]["length/sft0"]["guarded_final_gold"] != 0.5
+    data["targets"]["length/sft0"]["guarded_final_gold"] = 0.5
+    (results / "hacking.json").write_text(json.dumps(data))
     after = gen.render()["matrix_overview.md"]
     assert before != after and "| length/sft0 | 0.5 |" in after
 
