@@ -78,3 +78,16 @@ def test_a_run_without_their_inputs_never_fires_them() -> None:
 def test_an_audit_rm_without_spread_gives_no_gap() -> None:
     d = _run({s: {"hacking/audit_score_std": 0.0} for s in range(1, 12)})
     assert "guard/audit_gap" not in d.metrics[11] and d.metrics[11]["guard/hack_audit_gap"] == 0.0
+
+
+@pytest.mark.parametrize("reanchor", [True, False])
+def test_a_reanchored_reference_restarts_the_baselines_measured_against_it(reanchor: bool) -> None:
+    d = make(hacking_action="none", hacking_signals=["ref_nll"], reanchor_on_rollback=reanchor)
+    d.run(steps({}, 10, base=BASE))  # the ref_nll baseline: 1.2 nats under the initial reference
+    d.guard.on_rollback(5)  # (no rollback action needed to test the restore itself)
+    assert (d.guard.reference_step == 5) is reanchor
+    # under the new reference the samples' NLL is 2.0 from then on: a new baseline, or 0.8 over the old one
+    d.run(steps({}, 25, start=11, base={**BASE, "hacking/ref_nll": 2.0}))
+    assert d.metrics[25]["guard/hack_ref_nll"] == (0.0 if reanchor else 1.0)
+    d.run(steps({26: {"hacking/ref_nll": 2.6}}, 26, start=26, base=BASE))
+    assert d.metrics[26]["guard/hack_ref_nll"] == 1.0  # 2.6 > 2.0 + 0.5 against the new baseline too

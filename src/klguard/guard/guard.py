@@ -25,7 +25,7 @@ from typing import Any
 from klguard.guard import rules
 from klguard.guard.actions import Action
 from klguard.guard.config import GuardConfig, default_target_kl
-from klguard.guard.hacking import Evidence, describe, measure_hacking
+from klguard.guard.hacking import Evidence, describe, measure_hacking, restart_reference_baselines
 from klguard.guard.signals import LENGTH, Observation, read_metrics
 from klguard.guard.state import ALARMS, HACK_SIGNALS, GuardState
 
@@ -246,9 +246,9 @@ class KLGuard:
     def on_rollback(self, to_step: int) -> list[Action]:
         """The trainer restored the state of step ``to_step``: clear the windows that would fire again
         at once (KL history, streaks, validation best, alarms), keep the tightened target_kl/kl_coef,
-        lr scale, grad clip, rollback count and the hacking baselines. Returns the follow-ups: the
-        re-anchoring of the reference (``reanchor_on_rollback``) and the warm-up action the restored
-        position needs (usually none)."""
+        lr scale, grad clip, rollback count and the hacking baselines (those measured against the reference start
+        again when it is re-anchored). Returns the follow-ups: the re-anchoring of the reference
+        (``reanchor_on_rollback``) and the warm-up action the restored position needs (usually none)."""
         st = self._st
         st.kl_history.clear()
         st.last_kl = st.penalty_share = st.best_val = st.prev_val = st.prev_proxy = None
@@ -269,6 +269,7 @@ class KLGuard:
                               f"{to_step} (was step {st.reference_step}).", None, None, None, st.reference_step,
                               to_step, to_step if now is None else now, "rollback"))
             st.reference_step = to_step
+            restart_reference_baselines(st)
         return out + self._warmup_transition(to_step)
 
     def state_dict(self) -> dict[str, Any]:

@@ -80,6 +80,19 @@ def _collecting(st: GuardState, name: str, values: list, new: bool, size: int) -
     return not values or step < start + size
 
 
+REFERENCE_BASELINES = {"kl_seq": "kl_seq_base", "ref_low": "ref_low_base", "ref_nll": "ref_nll_base"}
+"""The baselines of metrics measured against the reference (name -> GuardState field): a re-anchored reference makes
+them start again."""
+
+
+def restart_reference_baselines(st: GuardState) -> None:
+    """Collect the reference-relative baselines anew (after the reference was re-anchored): the KL to the new
+    reference and the samples' NLL under it are not comparable with the old reference's."""
+    for name, field_name in REFERENCE_BASELINES.items():
+        getattr(st, field_name).clear()
+        st.baseline_start.pop(name, None)
+
+
 def _baseline(st: GuardState, name: str, values: list[float], new: float | None, size: int) -> float | None:
     """Collect ``new`` into ``values`` while the baseline is collected; return its mean once it is complete."""
     if _collecting(st, name, values, new is not None, size):
