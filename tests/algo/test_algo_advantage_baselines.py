@@ -3,12 +3,11 @@ the comments (float64), then against verl's own function on a random batch where
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
+from extras import import_extra
 from klguard.algo.advantage import compute_advantage
 
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
@@ -104,13 +103,7 @@ def test_gdpo_without_components_is_grpo_whitened():
 # ---------------------------------------------------------------- against verl's own functions
 @pytest.fixture(scope="module")
 def core_algos():
-    try:
-        from verl.trainer.ppo import core_algos
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip("verl is not installed (pip install klguard[verl])")
-    return core_algos
+    return import_extra("verl.trainer.ppo.core_algos", "verl")
 
 
 def _random_batch(b: int = 8, t: int = 6):

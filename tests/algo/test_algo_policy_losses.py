@@ -5,11 +5,11 @@ One test compares every loss with verl's own function on random inputs, where ve
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
+from extras import import_extra
 from klguard.algo.policy_loss import get_policy_loss, policy_loss_names
 from klguard.config.schema_policy import ActorConfig, PolicyLossConfig
 
@@ -219,15 +219,9 @@ VERL_CASES = {
 
 @pytest.fixture(scope="module")
 def verl_side():
-    try:
-        from verl.trainer.ppo.core_algos import get_policy_loss_fn
-        from verl.workers.config import ActorConfig as VerlActorConfig
-        from verl.workers.config import PolicyLossConfig as VerlPolicyLossConfig
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip("verl is not installed (pip install klguard[verl])")
-    return get_policy_loss_fn, VerlActorConfig, VerlPolicyLossConfig
+    core_algos = import_extra("verl.trainer.ppo.core_algos", "verl")
+    workers = import_extra("verl.workers.config", "verl")
+    return core_algos.get_policy_loss_fn, workers.ActorConfig, workers.PolicyLossConfig
 
 
 def _random_batch() -> tuple[torch.Tensor, ...]:

@@ -77,7 +77,6 @@ METRIC_MAPS: dict[str, dict[str, str]] = {"trl": TRL_METRICS | TRL_EARLY_METRICS
                                           "plain": PLAIN_METRICS}
 
 
-
 def _log(value: float) -> float | None:
     """ln(value) for a finite positive value, else None (skipped)."""
     return math.log(value) if math.isfinite(value) and value > 0 else None

@@ -93,9 +93,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 REFERENCE_DIR = "ref"
-RM_OUTLIERS_FILE = "rm_outliers.pt"
 """A checkpoint's reference policy, written only once a rollback re-anchored it (otherwise the
 reference is the initial policy, loaded from the model path)."""
+RM_OUTLIERS_FILE = "rm_outliers.pt"
+"""A checkpoint's reward-model feature baseline (klguard.reward.rm_outliers), with a reward model only."""
 
 
 class Checkpoints:
