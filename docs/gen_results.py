@@ -314,6 +314,19 @@ def tp_rollout() -> str:
             f"{', '.join(f'{p:,}' for p in data['numerics']['shards']['actor_params_per_rank'])}.\n")
 
 
+def rm_overoptimisation() -> str:
+    r = load("rm_overoptimisation.json")
+    rms = table(["SFT policy", "RM held-out accuracy", "its training accuracy", "gold-correct share (base rate)"],
+                [[k.removeprefix("sft"), f3(m["held_out_accuracy"]), f3(m["train_accuracy"]),
+                  f3(m["gold_correct_share"])] for k, m in r["reward_models"].items()])
+    runs = table(["run (SFT policy / PPO seed)", "step-0 gold", "peak gold before the fall (step)",
+                  f"first at or below step 0 - {r['fall']}", "final gold", f"rise >= {r['rise']} then fall"],
+                 [[label, f3(x["step0_gold"]), f"{f3(x['peak_gold'])} ({x['peak_step']})",
+                   "never" if x["fall_step"] is None else f"step {x['fall_step']}", f3(x["final_gold"]),
+                   "yes" if x["rise_then_fall"] else "no"] for label, x in r["runs"].items()])
+    return f"{rms}\n{runs}\nRise then fall within {r['steps']} steps: {r['rise_then_fall']} runs.\n"
+
+
 def soak() -> str:
     s = load("soak.json")
     rows = [["kill and resume cycles", s["cycles"]], ["SIGKILLs", s["kills"]], ["steps", s["steps"]],
@@ -411,6 +424,7 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "matmul_shapes.md": ("benchmarks/results/matmul_shapes.json", matmul_shapes),
     "tp_rollout.md": ("benchmarks/results/tp_rollout.json", tp_rollout),
     "soak.md": ("benchmarks/results/soak.json", soak),
+    "rm_overoptimisation.md": ("benchmarks/results/rm_overoptimisation.json", rm_overoptimisation),
     "guard_keys.md": ("src/klguard/guard/config.py", guard_keys),
     "guard_actions.md": ("src/klguard/guard/actions.py", guard_actions),
     "guard_signals.md": ("src/klguard/guard/state.py and config.py", guard_signals),

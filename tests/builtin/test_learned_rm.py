@@ -23,9 +23,9 @@ from klguard.reward.manager import RewardManager
 TINY = ["proxy_reward.kind=learned_rm", "proxy_reward.learned_rm.samples=48", "proxy_reward.learned_rm.epochs=1",
         "proxy_reward.learned_rm.batch_size=16", "proxy_reward.learned_rm.hidden_size=16",
         "data.max_response_length=16"]
-SFT_BODY = ["proxy_reward.learned_rm.init=sft", "proxy_reward.learned_rm.ensemble_size=1",
-            "proxy_reward.learned_rm.contrast=8"]  # one RM from the SFT policy's body, with contrast pairs
-SCRATCH3 = ["proxy_reward.learned_rm.audit=false"]  # the default bootstrap ensemble from scratch, without its audit RM
+SFT_BODY = ["proxy_reward.learned_rm.contrast=8"]  # the default: one RM from the SFT policy's body, contrast pairs
+SCRATCH3 = ["proxy_reward.learned_rm.init=scratch", "proxy_reward.learned_rm.ensemble_size=3",
+            "proxy_reward.learned_rm.audit=false"]  # the bootstrap ensemble from scratch, without its audit RM
 
 
 def _config(cache: Path, *extra: str):
@@ -58,6 +58,9 @@ def test_the_sft_body_rm_is_deterministic_and_cached_with_its_audit_rm(policy, t
     assert not _weights_equal(first, first / "audit")  # other problems, other samples
     rm, sft = load_file(first / "model.safetensors"), load_file(policy / "model.safetensors")
     assert "score.weight" in rm and rm["model.embed_tokens.weight"].shape == sft["model.embed_tokens.weight"].shape
+    layers = json.loads((policy / "config.json").read_text())["num_hidden_layers"]
+    assert json.loads((first / "config.json").read_text())["num_hidden_layers"] == layers + 2  # fresh_layers
+    assert not torch.equal(rm["model.layers.0.self_attn.q_proj.weight"], sft["model.layers.0.self_attn.q_proj.weight"])
     metrics = json.loads((first / "rm_metrics.json").read_text())
     assert metrics["train_examples"] == int(48 * 0.8) + 2 * 8  # 4/5 of the samples + 8 contrast pairs
     assert metrics["held_out_samples"] == 48 - int(48 * 0.8) and 0 <= metrics["held_out_accuracy"] <= 1
@@ -71,8 +74,8 @@ def test_the_sft_body_rm_is_deterministic_and_cached_with_its_audit_rm(policy, t
     assert learned_rm_dir(replace(cfg.proxy_reward.learned_rm, seed=1), cfg.sft, policy, 16) != first  # recipe keys
 
 
-def test_the_default_scratch_ensemble_has_members_of_their_own_and_an_audit_rm(policy, tmp_path):
-    folder = _build(_config(tmp_path), policy)
+def test_the_scratch_ensemble_has_members_of_their_own_and_an_audit_rm(policy, tmp_path):
+    folder = _build(_config(tmp_path, *SCRATCH3[:-1]), policy)
     members = member_folders(folder)
     assert [m.name for m in members] == ["member-0", "member-1", "member-2"] and (folder / "audit").is_dir()
     assert member_folders(folder / "audit") == [folder / "audit" / f"member-{i}" for i in range(3)]
@@ -91,9 +94,49 @@ def test_a_mixed_ensemble_crosses_disjoint_data_halves_with_two_bodies(policy, t
     sft_width = load_file(policy / "model.safetensors")["model.embed_tokens.weight"].shape[1]
     assert widths == [16, 16, sft_width, sft_width]  # scratch (hidden_size 16) for 0 and 1, the SFT body for 2 and 3
     assert not _weights_equal(members[0], members[1]) and not _weights_equal(members[2], members[3])
-    # the default scheme keeps its cache folder names: the recipe names `diversity` only when it is not bootstrap
-    assert "diversity" not in rm_recipe(_config(tmp_path).proxy_reward.learned_rm, policy, 16)
     assert rm_recipe(rm_cfg, policy, 16)["diversity"] == "mixed"
+
+
+def test_recipes_from_before_a_key_existed_keep_their_cache_folders(policy, tmp_path):
+    # the scratch ensemble at a constant lr names neither the keys added later at their earlier meaning
+    # (diversity=bootstrap, lr_schedule=constant) nor the keys only an SFT-body member reads
+    scratch = rm_recipe(_config(tmp_path, *SCRATCH3, "proxy_reward.learned_rm.lr_schedule=constant"
+                                ).proxy_reward.learned_rm, policy, 16)
+    assert not {"diversity", "lr_schedule", "fresh_layers", "body_lr"} & scratch.keys()
+    default = rm_recipe(_config(tmp_path).proxy_reward.learned_rm, policy, 16)
+    assert default["lr_schedule"] == "linear" and default["fresh_layers"] == 2 and "diversity" not in default
+
+
+def test_the_sft_body_learns_slower_than_its_new_layers_and_the_lr_decays_to_zero(policy, tmp_path):
+    from klguard.builtin.learned_rm import _rm_model, param_groups, train_rm
+
+    rm_cfg = _config(tmp_path).proxy_reward.learned_rm
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = _rm_model(rm_cfg, tokenizer, policy, 0, "sft")
+    fresh, body = param_groups(model, rm_cfg, "sft", policy)
+    assert (fresh["lr"], body["lr"]) == (rm_cfg.lr, rm_cfg.body_lr)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)].split(".")[0] for p in fresh["params"]} == {"score", "model"}
+    assert all(names[id(p)].startswith(("score", "model.layers.2.", "model.layers.3.")) for p in fresh["params"])
+    assert len(fresh["params"]) + len(body["params"]) == len(list(model.parameters()))
+    # linear: the last step is taken at lr / steps, constant: at lr (hand-made set of 8 rows, batch 4: 2 steps)
+    ids = torch.tensor([tokenizer("Q:1+2-3=?A:#### 0", add_special_tokens=False)["input_ids"]] * 8)
+    data = (ids, torch.ones_like(ids), torch.tensor([1.0, 0.0] * 4))
+    for schedule, last_lr in (("linear", rm_cfg.lr / 2), ("constant", rm_cfg.lr)):
+        cfg = replace(rm_cfg, lr_schedule=schedule, epochs=1, batch_size=4, fresh_layers=0)
+        seen: list[float] = []
+        step = torch.optim.AdamW.step
+
+        def spy(self, *args, **kwargs):
+            seen.append(self.param_groups[0]["lr"])
+            return step(self, *args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.optim.AdamW, "step", spy)
+            train_rm(data, data, cfg, tokenizer, policy, 0)
+        assert seen == pytest.approx([rm_cfg.lr, last_lr])
 
 
 def test_near_misses_are_wrong_and_never_negative():
@@ -112,6 +155,9 @@ def test_near_misses_are_wrong_and_never_negative():
     ("proxy_reward.learned_rm.num_heads=3",
      "proxy_reward.learned_rm.num_heads=3 must divide proxy_reward.learned_rm.hidden_size=16"),
     ("proxy_reward.learned_rm.samples=4", "proxy_reward.learned_rm.samples=4 must be >= 16"),
+    ("proxy_reward.learned_rm.fresh_layers=-1", "proxy_reward.learned_rm.fresh_layers=-1 must be >= 0"),
+    ("proxy_reward.learned_rm.lr_schedule=cosine",
+     "proxy_reward.learned_rm.lr_schedule='cosine' is not one of: constant, linear"),
     ("proxy_reward.kind=gold_rm", "proxy_reward.kind='gold_rm' is not one of: learned_rm, length"),
 ])
 def test_a_bad_recipe_is_a_one_line_error(override, message, capsys, tmp_path):

@@ -7,12 +7,13 @@ The recipe (`proxy_reward.learned_rm.*`):
   problems drawn with the recipe's seed, each labelled 1 when the gold rule says correct, else 0. The last fifth is
   held out to measure the RM (`rm_metrics.json`). `contrast` more training problems each add the short correct answer
   (label 1) and a near-miss wrong one (label 0), so the RM learns to check the arithmetic, not only the form;
-- body (`init`): `sft`, the SFT policy's body with a fresh one-label `AutoModelForSequenceClassification` head (an RM
-  that is right on the policy's distribution and wrong off it), or `scratch`, a fresh `hidden_size` x `num_layers`
+- body (`init`): `sft`, the SFT policy's body with `fresh_layers` new decoder layers and a fresh one-label
+  `AutoModelForSequenceClassification` head (an RM that is right on the policy's distribution and wrong off it; the
+  new layers and head learn at `lr`, the body at `body_lr`), or `scratch`, a fresh `hidden_size` x `num_layers`
   Llama on the built-in character tokenizer;
-- binary cross-entropy for `epochs` passes; `ensemble_size` members, each fit to its own bootstrap resample, or with
-  `diversity=mixed` to one of two disjoint halves of the samples, from scratch or from the SFT body (crossed), so
-  that they differ in more than resample and seed (members that share their data and body share its blind spots);
+- binary cross-entropy for `epochs` passes, the lr held or decayed linearly to 0 (`lr_schedule`); `ensemble_size`
+  members, each fit to its own bootstrap resample, or with `diversity=mixed` to one of two disjoint halves of the
+  samples, from scratch or from the SFT body (crossed), so that they differ in more than resample and seed (members that share their data and body share its blind spots);
 - `audit`: a second RM by the same recipe on disjoint problems and samples, saved in `audit/`. It is never optimised:
   the run scores every rollout with it as well, and the optimised RM's gain that it does not share is a gold-free
   hacking signal.
@@ -31,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from klguard.builtin.arith import make_arith_rows
@@ -54,10 +55,24 @@ def policy_fingerprint(policy: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+LEGACY_VALUES = {"diversity": "bootstrap", "lr_schedule": "constant"}
+"""Keys added to the recipe later, at the value that reproduces the recipes before them: left out of the cache key,
+so that those recipes keep their folders' names."""
+SFT_BODY_KEYS = ("fresh_layers", "body_lr")
+
+
+def uses_sft_body(cfg: LearnedRMConfig) -> bool:
+    return any(member_init(cfg, member) == "sft" for member in range(cfg.ensemble_size))
+
+
 def rm_recipe(cfg: LearnedRMConfig, policy: Path, max_new_tokens: int) -> dict:
     recipe = asdict(cfg)
-    if recipe["diversity"] == "bootstrap":  # the members' original scheme: its folders keep their names
-        del recipe["diversity"]
+    for key, value in LEGACY_VALUES.items():
+        if recipe[key] == value:
+            del recipe[key]
+    if not uses_sft_body(cfg):  # keys that only an SFT-body member reads
+        for key in SFT_BODY_KEYS:
+            del recipe[key]
     return recipe | {"format": RM_FORMAT_VERSION, "policy": policy_fingerprint(policy),
                      "max_new_tokens": max_new_tokens}
 
@@ -116,12 +131,14 @@ def contrast_examples(rows: list[dict], tokenizer, seed: int) -> tuple[list[str]
 def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int, init: str) -> LlamaForSequenceClassification:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if init == "sft":  # the SFT body; the new one-label head is drawn from the seed above
+        if init == "sft":  # the SFT body; the new layers and the one-label head are drawn from the seed above
+            layers = AutoConfig.from_pretrained(policy).num_hidden_layers + cfg.fresh_layers
             verbosity = hf_logging.get_verbosity()
-            hf_logging.set_verbosity_error()  # "some weights were newly initialised": the head, as intended
+            hf_logging.set_verbosity_error()  # "some weights were newly initialised": those, as intended
             try:
                 return LlamaForSequenceClassification.from_pretrained(
-                    policy, num_labels=1, pad_token_id=tokenizer.pad_token_id, dtype=torch.float32)
+                    policy, num_labels=1, pad_token_id=tokenizer.pad_token_id, num_hidden_layers=layers,
+                    dtype=torch.float32)
             finally:
                 hf_logging.set_verbosity(verbosity)
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
@@ -131,6 +148,18 @@ def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int, init: st
                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                              tie_word_embeddings=False)
         return LlamaForSequenceClassification(config)
+
+
+def param_groups(model: LlamaForSequenceClassification, cfg: LearnedRMConfig, init: str, policy: Path) -> list[dict]:
+    """The optimizer's groups: with the SFT body, its own weights at `body_lr` and the new layers and head at `lr`
+    (the body already computes what the new ones must learn to read); from scratch, every weight at `lr`."""
+    if init != "sft":
+        return [{"params": list(model.parameters()), "lr": cfg.lr}]
+    body_layers = AutoConfig.from_pretrained(policy).num_hidden_layers
+    fresh = [*model.score.parameters(), *(p for layer in model.model.layers[body_layers:] for p in layer.parameters())]
+    fresh_ids = {id(p) for p in fresh}
+    return [{"params": fresh, "lr": cfg.lr},
+            {"params": [p for p in model.parameters() if id(p) not in fresh_ids], "lr": cfg.body_lr}]
 
 
 def _accuracy(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> float:
@@ -184,8 +213,12 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
     """One member fit to (a resample of) the training set, and its accuracy on both sets."""
     ids, mask, y = train
     rows = member_rows(cfg, member, len(y))
-    model = _rm_model(cfg, tokenizer, policy, seed + member, member_init(cfg, member))
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    init = member_init(cfg, member)
+    model = _rm_model(cfg, tokenizer, policy, seed + member, init)
+    optim = torch.optim.AdamW(param_groups(model, cfg, init, policy), weight_decay=0.0)
+    total = cfg.epochs * -(-len(rows) // cfg.batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optim, (lambda step: 1 - step / total) if cfg.lr_schedule == "linear" else (lambda step: 1.0))
     gen = torch.Generator().manual_seed(seed + member)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     loss = torch.zeros(())
@@ -195,6 +228,7 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
             loss = loss_fn(model(input_ids=ids[batch], attention_mask=mask[batch]).logits[:, 0], y[batch])
             loss.backward()
             optim.step()
+            schedule.step()
             optim.zero_grad(set_to_none=True)
     model.eval()
     return model, {"train_accuracy": _accuracy(model, *train), "held_out_accuracy": _accuracy(model, *held_out),

@@ -20,3 +20,12 @@ def fixed_coef(kl_coef: float) -> tuple[str, ...]:
     """A fixed coefficient with k1 in the reward and no guard: what a user finds by sweeping beta."""
     return ("algorithm.kl_ctrl.type=fixed", f"algorithm.kl_ctrl.kl_coef={kl_coef}", "algorithm.kl_penalty=kl",
             "algorithm.use_kl_in_reward=true", "actor_rollout_ref.actor.use_kl_loss=false", "guard.enable=false")
+
+
+SCRATCH_RM: tuple[str, ...] = (
+    # the learned-RM exploit's first recipe: 3 bootstrap members, each a 1-layer, hidden-64 Llama from scratch,
+    # 5 epochs at a constant lr, no contrast pairs (about 0.66 accurate; gold falls from the first PPO steps)
+    "proxy_reward.learned_rm.init=scratch", "proxy_reward.learned_rm.ensemble_size=3",
+    "proxy_reward.learned_rm.epochs=5", "proxy_reward.learned_rm.lr_schedule=constant",
+    "proxy_reward.learned_rm.contrast=0",
+)

@@ -108,28 +108,36 @@ ProxyKind = Literal["length", "learned_rm"]
 
 RMInit = Literal["sft", "scratch"]
 RMDiversity = Literal["bootstrap", "mixed"]
+RMSchedule = Literal["constant", "linear"]
 
 
 @dataclass
 class LearnedRMConfig:
     """The recipe of the learned reward model (proxy_reward.kind=learned_rm); its weights are cached by it."""
 
-    init: RMInit = opt("scratch", "The RM's body: " + choices(
-        RMInit, sft="the SFT policy's body with a fresh one-label head, as Gao et al. 2022 and Coste et al. 2024 "
-        "build proxy RMs", scratch="a fresh hidden_size x num_layers Llama"))
+    init: RMInit = opt("sft", "The RM's body: " + choices(
+        RMInit, sft="the SFT policy's body, fresh_layers new decoder layers and a fresh one-label head, as Gao et al. "
+        "2022 and Coste et al. 2024 build proxy RMs", scratch="a fresh hidden_size x num_layers Llama"))
+    fresh_layers: int = opt(2, "init=sft: new decoder layers between the SFT body and the head; they compare the "
+                            "body's prediction of each answer token with the token written", rule=at_least(0))
+    body_lr: float = opt(3e-4, "init=sft: learning rate of the SFT body's own weights (the new layers and the head "
+                         "use lr)", rule=greater(0))
     samples: int = opt(4096, "SFT-policy samples (temperature 1, run-ons included) labelled by the gold rule; a "
                        "fifth is held out to measure the RM", rule=at_least(16))
-    contrast: int = opt(0, "Training problems added twice more: the short correct answer (label 1) and a "
-                        "near-miss wrong answer (label 0)", rule=at_least(0))
-    epochs: int = opt(5, "Passes over the samples", rule=at_least(1))
+    contrast: int = opt(3000, "The first N training problems (at most the 4/5 of samples not held out) each add the "
+                        "short correct answer (label 1) and a near-miss wrong one, off by 1, 2 or 10 either way "
+                        "(label 0)", rule=at_least(0))
+    epochs: int = opt(15, "Passes over the samples", rule=at_least(1))
     batch_size: int = opt(64, "Samples per RM optimizer step", rule=at_least(1))
-    lr: float = opt(1e-3, "RM learning rate (AdamW, constant)", rule=greater(0))
+    lr: float = opt(1e-3, "RM learning rate (AdamW); init=sft: of the new layers and the head", rule=greater(0))
+    lr_schedule: RMSchedule = opt("linear", "The learning rate over training: " + choices(
+        RMSchedule, constant="held", linear="decayed linearly to 0 at the last step"))
     hidden_size: int = opt(64, "RM width (init=scratch: a Llama body on the built-in tokenizer)", rule=at_least(8))
     num_layers: int = opt(1, "RM decoder layers (init=scratch)", rule=at_least(1))
     num_heads: int = opt(2, "RM attention heads (init=scratch; must divide hidden_size)", rule=at_least(1))
     seed: int = opt(0, "Seed of the RM's samples, initialisation and batch order")
     ensemble_size: int = opt(
-        3, "Members, each fit to its own bootstrap resample (1 = one RM on all samples); reduced by "
+        1, "Members, each fit to its own bootstrap resample (1 = one RM on all samples); reduced by "
         "reward_model.ensemble_reduce, their spread is logged as hacking/rm_ensemble_std", rule=at_least(1))
     diversity: RMDiversity = opt("bootstrap", "How members differ: " + choices(
         RMDiversity, bootstrap="each its own resample of all samples, one body (init)",
