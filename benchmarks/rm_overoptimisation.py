@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for k, rm in rms.items():
         print(f"| {k} | {rm['held_out_accuracy']:.3f} | {rm['gold_correct_share']:.3f} |")
-    print("\n| run | step-0 gold | peak gold (step) | fall to step-0 - {:.2f} at | final gold | rise then fall |".format(
-        args.fall))
+    print(f"\n| run | step-0 gold | peak gold (step) | fall to step-0 - {args.fall:.2f} at | final gold | rise then "
+          "fall |")
     print("|---|---|---|---|---|---|")
     for label, r in runs.items():
         print(f"| {label} | {r['step0_gold']:.3f} | {r['peak_gold']:.3f} ({r['peak_step']}) | {r['fall_step']} | "

@@ -124,12 +124,12 @@ def test_the_sft_body_learns_slower_than_its_new_layers_and_the_lr_decays_to_zer
     # linear: the last step is taken at lr / steps, constant: at lr (hand-made set of 8 rows, batch 4: 2 steps)
     ids = torch.tensor([tokenizer("Q:1+2-3=?A:#### 0", add_special_tokens=False)["input_ids"]] * 8)
     data = (ids, torch.ones_like(ids), torch.tensor([1.0, 0.0] * 4))
+    step = torch.optim.AdamW.step
     for schedule, last_lr in (("linear", rm_cfg.lr / 2), ("constant", rm_cfg.lr)):
         cfg = replace(rm_cfg, lr_schedule=schedule, epochs=1, batch_size=4, fresh_layers=0)
         seen: list[float] = []
-        step = torch.optim.AdamW.step
 
-        def spy(self, *args, **kwargs):
+        def spy(self, *args, seen=seen, **kwargs):
             seen.append(self.param_groups[0]["lr"])
             return step(self, *args, **kwargs)
 

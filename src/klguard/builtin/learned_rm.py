@@ -13,7 +13,8 @@ The recipe (`proxy_reward.learned_rm.*`):
   Llama on the built-in character tokenizer;
 - binary cross-entropy for `epochs` passes, the lr held or decayed linearly to 0 (`lr_schedule`); `ensemble_size`
   members, each fit to its own bootstrap resample, or with `diversity=mixed` to one of two disjoint halves of the
-  samples, from scratch or from the SFT body (crossed), so that they differ in more than resample and seed (members that share their data and body share its blind spots);
+  samples, from scratch or from the SFT body (crossed), so that they differ in more than resample and seed (members
+  that share their data and body share its blind spots);
 - `audit`: a second RM by the same recipe on disjoint problems and samples, saved in `audit/`. It is never optimised:
   the run scores every rollout with it as well, and the optimised RM's gain that it does not share is a gold-free
   hacking signal.
