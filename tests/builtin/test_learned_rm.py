@@ -108,14 +108,14 @@ def test_recipes_from_before_a_key_existed_keep_their_cache_folders(policy, tmp_
 
 
 def test_the_sft_body_learns_slower_than_its_new_layers_and_the_lr_decays_to_zero(policy, tmp_path):
+    from transformers import AutoTokenizer
+
     from klguard.builtin.learned_rm import _rm_model, param_groups, train_rm
 
     rm_cfg = _config(tmp_path).proxy_reward.learned_rm
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = _rm_model(rm_cfg, tokenizer, policy, 0, "sft")
-    fresh, body = param_groups(model, rm_cfg, "sft", policy)
+    fresh, body = param_groups(model, rm_cfg, "sft")
     assert (fresh["lr"], body["lr"]) == (rm_cfg.lr, rm_cfg.body_lr)
     names = {id(p): n for n, p in model.named_parameters()}
     assert {names[id(p)].split(".")[0] for p in fresh["params"]} == {"score", "model"}

@@ -151,12 +151,12 @@ def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int, init: st
         return LlamaForSequenceClassification(config)
 
 
-def param_groups(model: LlamaForSequenceClassification, cfg: LearnedRMConfig, init: str, policy: Path) -> list[dict]:
+def param_groups(model: LlamaForSequenceClassification, cfg: LearnedRMConfig, init: str) -> list[dict]:
     """The optimizer's groups: with the SFT body, its own weights at `body_lr` and the new layers and head at `lr`
     (the body already computes what the new ones must learn to read); from scratch, every weight at `lr`."""
     if init != "sft":
         return [{"params": list(model.parameters()), "lr": cfg.lr}]
-    body_layers = AutoConfig.from_pretrained(policy).num_hidden_layers
+    body_layers = len(model.model.layers) - cfg.fresh_layers  # the new layers sit on top of the body's
     fresh = [*model.score.parameters(), *(p for layer in model.model.layers[body_layers:] for p in layer.parameters())]
     fresh_ids = {id(p) for p in fresh}
     return [{"params": fresh, "lr": cfg.lr},
@@ -216,7 +216,7 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
     rows = member_rows(cfg, member, len(y))
     init = member_init(cfg, member)
     model = _rm_model(cfg, tokenizer, policy, seed + member, init)
-    optim = torch.optim.AdamW(param_groups(model, cfg, init, policy), weight_decay=0.0)
+    optim = torch.optim.AdamW(param_groups(model, cfg, init), weight_decay=0.0)
     total = cfg.epochs * -(-len(rows) // cfg.batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optim, (lambda step: 1 - step / total) if cfg.lr_schedule == "linear" else (lambda step: 1.0))
