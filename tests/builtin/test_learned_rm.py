@@ -98,11 +98,13 @@ def test_a_mixed_ensemble_crosses_disjoint_data_halves_with_two_bodies(policy, t
 
 
 def test_recipes_from_before_a_key_existed_keep_their_cache_folders(policy, tmp_path):
-    # the scratch ensemble at a constant lr names neither the keys added later at their earlier meaning
-    # (diversity=bootstrap, lr_schedule=constant) nor the keys only an SFT-body member reads
-    scratch = rm_recipe(_config(tmp_path, *SCRATCH3, "proxy_reward.learned_rm.lr_schedule=constant"
-                                ).proxy_reward.learned_rm, policy, 16)
-    assert not {"diversity", "lr_schedule", "fresh_layers", "body_lr"} & scratch.keys()
+    # the first recipe (recipes.SCRATCH_RM) names neither the keys added later at their earlier meaning
+    # (diversity=bootstrap, lr_schedule=constant) nor the keys only an SFT-body member or contrast pairs read
+    from klguard.builtin.recipes import SCRATCH_RM
+
+    scratch = rm_recipe(_config(tmp_path, *SCRATCH_RM).proxy_reward.learned_rm, policy, 16)
+    assert not {"diversity", "lr_schedule", "contrast_offsets", "pairwise", "fresh_layers", "fresh_init", "body_lr"
+                } & scratch.keys()
     default = rm_recipe(_config(tmp_path).proxy_reward.learned_rm, policy, 16)
     assert default["lr_schedule"] == "linear" and default["fresh_layers"] == 2 and "diversity" not in default
 
@@ -139,6 +141,36 @@ def test_the_sft_body_learns_slower_than_its_new_layers_and_the_lr_decays_to_zer
         assert seen == pytest.approx([rm_cfg.lr, last_lr])
 
 
+@pytest.mark.parametrize("fresh_init", ["identity", "random"])
+def test_the_new_layers_start_as_the_identity_unless_random(policy, tmp_path, fresh_init):
+    from transformers import AutoTokenizer
+
+    from klguard.builtin.learned_rm import _rm_model
+
+    rm_cfg = replace(_config(tmp_path).proxy_reward.learned_rm, fresh_init=fresh_init)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = _rm_model(rm_cfg, tokenizer, policy, 0, "sft")
+    ids = torch.tensor([tokenizer("Q:12+31-7=?A:#### 36", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        out = model.model(input_ids=ids, output_hidden_states=True)
+        body = model.model.norm(out.hidden_states[-1 - rm_cfg.fresh_layers])  # the body's own last layer, normed
+    assert torch.equal(body, out.last_hidden_state) == (fresh_init == "identity")
+
+
+def test_the_pair_loss_is_bradley_terry_on_correct_minus_near_miss():
+    from types import SimpleNamespace
+
+    from klguard.builtin.learned_rm import pair_loss
+
+    def model(input_ids, attention_mask):  # a row's reward: its first token id
+        return SimpleNamespace(logits=input_ids[:, :1].float())
+
+    ids = torch.tensor([[3], [1], [0], [2]])  # rows 0/1 and 2/3 are (correct, near-miss) pairs
+    got = pair_loss(model, ids, torch.ones_like(ids), torch.tensor([[0, 1], [2, 3]]))
+    expected = -(torch.nn.functional.logsigmoid(torch.tensor(2.0)) + torch.nn.functional.logsigmoid(torch.tensor(-2.0)))
+    assert float(got) == pytest.approx(float(expected) / 2, rel=1e-6)
+
+
 def test_near_misses_are_wrong_and_never_negative():
     import random
 
@@ -147,8 +179,19 @@ def test_near_misses_are_wrong_and_never_negative():
     rng = random.Random(0)
     for answer in (0, 1, 9, 10, 55, 170):
         for _ in range(20):
-            wrong = near_miss(answer, rng)
+            wrong = near_miss(answer, rng, (-10, -2, -1, 1, 2, 10))
             assert wrong != answer and wrong >= 0 and abs(wrong - answer) in (1, 2, 10)
+
+
+def test_a_repeated_offset_weights_the_near_misses_towards_it():
+    import random
+
+    from klguard.builtin.learned_rm import near_miss
+
+    rng = random.Random(0)
+    offsets = [near_miss(500, rng, (-10, -10, -10, 1)) - 500 for _ in range(2000)]
+    assert set(offsets) == {-10, 1}
+    assert 0.7 < offsets.count(-10) / len(offsets) < 0.8  # 3 in 4, binomial sd about 0.01
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -159,6 +202,8 @@ def test_near_misses_are_wrong_and_never_negative():
     ("proxy_reward.learned_rm.lr_schedule=cosine",
      "proxy_reward.learned_rm.lr_schedule='cosine' is not one of: constant, linear"),
     ("proxy_reward.kind=gold_rm", "proxy_reward.kind='gold_rm' is not one of: learned_rm, length"),
+    ("proxy_reward.learned_rm.contrast_offsets=[1,0]",
+     "proxy_reward.learned_rm.contrast_offsets=[1, 0] must be a non-empty list without 0"),
 ])
 def test_a_bad_recipe_is_a_one_line_error(override, message, capsys, tmp_path):
     assert main(["train", *TINY, override, f"trainer.default_local_dir={tmp_path}"]) == 2

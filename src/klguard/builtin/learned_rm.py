@@ -6,15 +6,18 @@ The recipe (`proxy_reward.learned_rm.*`):
 - data: `samples` responses of the SFT policy at temperature 1 (its run-on continuations included) on training-split
   problems drawn with the recipe's seed, each labelled 1 when the gold rule says correct, else 0. The last fifth is
   held out to measure the RM (`rm_metrics.json`). `contrast` more training problems each add the short correct answer
-  (label 1) and a near-miss wrong one (label 0), so the RM learns to check the arithmetic, not only the form;
+  (label 1) and a near-miss wrong one (label 0, off by one of `contrast_offsets`), so the RM learns to check the
+  arithmetic, not only the form;
 - body (`init`): `sft`, the SFT policy's body with `fresh_layers` new decoder layers and a fresh one-label
   `AutoModelForSequenceClassification` head (an RM that is right on the policy's distribution and wrong off it; the
   new layers and head learn at `lr`, the body at `body_lr`), or `scratch`, a fresh `hidden_size` x `num_layers`
   Llama on the built-in character tokenizer;
-- binary cross-entropy for `epochs` passes, the lr held or decayed linearly to 0 (`lr_schedule`); `ensemble_size`
-  members, each fit to its own bootstrap resample, or with `diversity=mixed` to one of two disjoint halves of the
-  samples, from scratch or from the SFT body (crossed), so that they differ in more than resample and seed (members
-  that share their data and body share its blind spots);
+- binary cross-entropy for `epochs` passes, plus with `pairwise` the Bradley-Terry loss of each contrast pair (the
+  two share problem and form, so only the arithmetic lowers it); the new layers start as the identity
+  (`fresh_init=identity`: output projections zero); the lr held or decayed linearly to 0 (`lr_schedule`);
+  `ensemble_size` members, each fit to its own bootstrap resample, or with `diversity=mixed` to one of two disjoint
+  halves of the samples, from scratch or from the SFT body (crossed), so that they differ in more than resample and
+  seed (members that share their data and body share its blind spots);
 - `audit`: a second RM by the same recipe on disjoint problems and samples, saved in `audit/`. It is never optimised:
   the run scores every rollout with it as well, and the optimised RM's gain that it does not share is a gold-free
   hacking signal.
@@ -29,6 +32,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -56,10 +60,12 @@ def policy_fingerprint(policy: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-LEGACY_VALUES = {"diversity": "bootstrap", "lr_schedule": "constant"}
+LEGACY_VALUES = {"diversity": "bootstrap", "lr_schedule": "constant", "contrast_offsets": [-10, -2, -1, 1, 2, 10],
+                 "pairwise": False, "fresh_init": "random"}
 """Keys added to the recipe later, at the value that reproduces the recipes before them: left out of the cache key,
 so that those recipes keep their folders' names."""
-SFT_BODY_KEYS = ("fresh_layers", "body_lr")
+SFT_BODY_KEYS = ("fresh_layers", "fresh_init", "body_lr")
+CONTRAST_KEYS = ("contrast_offsets", "pairwise")
 
 
 def uses_sft_body(cfg: LearnedRMConfig) -> bool:
@@ -71,9 +77,9 @@ def rm_recipe(cfg: LearnedRMConfig, policy: Path, max_new_tokens: int) -> dict:
     for key, value in LEGACY_VALUES.items():
         if recipe[key] == value:
             del recipe[key]
-    if not uses_sft_body(cfg):  # keys that only an SFT-body member reads
-        for key in SFT_BODY_KEYS:
-            del recipe[key]
+    unread = (SFT_BODY_KEYS if not uses_sft_body(cfg) else ()) + (CONTRAST_KEYS if not cfg.contrast else ())
+    for key in unread:  # keys that only an SFT-body member, or only contrast pairs, read
+        recipe.pop(key, None)
     return recipe | {"format": RM_FORMAT_VERSION, "policy": policy_fingerprint(policy),
                      "max_new_tokens": max_new_tokens}
 
@@ -108,22 +114,22 @@ def sample_labelled(policy: Path, rows: list[dict], seed: int, *, max_new_tokens
     return texts, labels, tokenizer
 
 
-def near_miss(answer: int, rng: random.Random) -> int:
-    """A wrong answer a tiny model might write: off by one or two, or by ten (a carry), never negative."""
+def near_miss(answer: int, rng: random.Random, offsets: Sequence[int]) -> int:
+    """A wrong answer a tiny model might write (`offsets`: off by one or two, or by ten, a carry), never negative."""
     for _ in range(8):
-        wrong = answer + rng.choice((-10, -2, -1, 1, 2, 10))
+        wrong = answer + rng.choice(offsets)
         if wrong >= 0:
             return wrong
     return answer + 1
 
 
-def contrast_examples(rows: list[dict], tokenizer, seed: int) -> tuple[list[str], list[float]]:
+def contrast_examples(rows: list[dict], tokenizer, seed: int, offsets: Sequence[int]) -> tuple[list[str], list[float]]:
     """Each row's short correct answer (label 1) and a near-miss wrong answer (label 0), as chats."""
     rng = random.Random(f"klguard-rm-contrast:{seed}")
     texts, labels = [], []
     for row in rows:
         answer = int(row["reward_model"]["ground_truth"])
-        for value, label in ((answer, 1.0), (near_miss(answer, rng), 0.0)):
+        for value, label in ((answer, 1.0), (near_miss(answer, rng, offsets), 0.0)):
             texts.append(render_chat(tokenizer, row["prompt"], f"#### {value}"))
             labels.append(label)
     return texts, labels
@@ -137,11 +143,16 @@ def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int, init: st
             verbosity = hf_logging.get_verbosity()
             hf_logging.set_verbosity_error()  # "some weights were newly initialised": those, as intended
             try:
-                return LlamaForSequenceClassification.from_pretrained(
+                model = LlamaForSequenceClassification.from_pretrained(
                     policy, num_labels=1, pad_token_id=tokenizer.pad_token_id, num_hidden_layers=layers,
                     dtype=torch.float32)
             finally:
                 hf_logging.set_verbosity(verbosity)
+            if cfg.fresh_init == "identity":  # each new layer adds nothing to the residual stream until trained
+                for layer in model.model.layers[layers - cfg.fresh_layers:]:
+                    torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+                    torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+            return model
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
                              num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                              num_key_value_heads=cfg.num_heads, intermediate_size=2 * cfg.hidden_size,
@@ -175,7 +186,7 @@ def member_rows(cfg: LearnedRMConfig, member: int, n: int) -> torch.Tensor:
     """The training rows of one member: all ``n`` for a single RM; with `diversity=bootstrap` a resample (n draws with
     replacement, the member's own), so that members disagree where the samples leave them free to; with `mixed` the
     member's half of the rows (even rows for even members), disjoint from the other half's."""
-    if cfg.ensemble_size == 1:
+    if cfg.ensemble_size == 1 or n == 0:
         return torch.arange(n)
     if cfg.diversity == "mixed":
         return torch.arange(member % 2, n, 2)
@@ -199,21 +210,35 @@ def encode(texts: list[str], labels: list[float], tokenizer) -> tuple[torch.Tens
 
 
 def rm_dataset(policy: Path, cfg: LearnedRMConfig, rows: list[dict], seed: int, *, max_new_tokens: int
-               ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], object]:
+               ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], object, torch.Tensor]:
     """(train, held_out) encoded sets of one RM: the SFT policy's samples on `rows`, their last fifth held out,
-    and `contrast` pairs on the first training problems added to the training set."""
+    and `contrast` pairs on the first training problems added to the training set; the tokenizer; and the pairs'
+    (correct, near-miss) row numbers in the training set, shape (pairs, 2)."""
     texts, labels, tokenizer = sample_labelled(policy, rows, seed, max_new_tokens=max_new_tokens)
     cut = int(len(labels) * (1 - HELD_OUT_SHARE))
-    extra_texts, extra_labels = contrast_examples(rows[: min(cfg.contrast, cut)], tokenizer, seed)
+    extra_texts, extra_labels = contrast_examples(rows[: min(cfg.contrast, cut)], tokenizer, seed, cfg.contrast_offsets)
     train = encode(texts[:cut] + extra_texts, labels[:cut] + extra_labels, tokenizer)
-    return train, encode(texts[cut:], labels[cut:], tokenizer), tokenizer
+    pairs = torch.arange(cut, cut + len(extra_texts)).view(-1, 2)  # contrast_examples: correct, then its near-miss
+    return train, encode(texts[cut:], labels[cut:], tokenizer), tokenizer, pairs
+
+
+def pair_loss(model, ids: torch.Tensor, mask: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """Bradley-Terry: -log sigmoid(r(correct) - r(near-miss)), mean over the (correct, near-miss) row pairs."""
+    both = pairs.T.reshape(-1)  # every correct row, then every near-miss row
+    reward = model(input_ids=ids[both], attention_mask=mask[both]).logits[:, 0].view(2, -1)
+    return -torch.nn.functional.logsigmoid(reward[0] - reward[1]).mean()
 
 
 def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...], cfg: LearnedRMConfig, tokenizer,
-             policy: Path, seed: int, member: int = 0) -> tuple[torch.nn.Module, dict]:
-    """One member fit to (a resample of) the training set, and its accuracy on both sets."""
+             policy: Path, seed: int, member: int = 0, pairs: torch.Tensor | None = None
+             ) -> tuple[torch.nn.Module, dict]:
+    """One member fit to (a resample of) the training set, with `cfg.pairwise` the Bradley-Terry loss on (its share
+    of) the contrast `pairs` added, and its accuracy on both sets."""
     ids, mask, y = train
     rows = member_rows(cfg, member, len(y))
+    if pairs is None or not cfg.pairwise:
+        pairs = torch.zeros((0, 2), dtype=torch.long)
+    pairs = pairs[member_rows(cfg, member, len(pairs))]
     init = member_init(cfg, member)
     model = _rm_model(cfg, tokenizer, policy, seed + member, init)
     optim = torch.optim.AdamW(param_groups(model, cfg, init), weight_decay=0.0)
@@ -225,8 +250,12 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
     loss = torch.zeros(())
     for _ in range(cfg.epochs):
         model.train()
-        for batch in rows[torch.randperm(len(rows), generator=gen)].split(cfg.batch_size):
+        batches = rows[torch.randperm(len(rows), generator=gen)].split(cfg.batch_size)
+        pair_batches = pairs[torch.randperm(len(pairs), generator=gen)].chunk(len(batches))  # [] when no pairs
+        for i, batch in enumerate(batches):
             loss = loss_fn(model(input_ids=ids[batch], attention_mask=mask[batch]).logits[:, 0], y[batch])
+            if i < len(pair_batches) and len(pair_batches[i]):
+                loss = loss + pair_loss(model, ids, mask, pair_batches[i])
             loss.backward()
             optim.step()
             schedule.step()
@@ -240,10 +269,10 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
 def fit_rms(policy: Path, cfg: LearnedRMConfig, rows: list[dict], seed: int, target: Path, *,
             max_new_tokens: int) -> dict:
     """Fit one RM (or `ensemble_size` members in `member-<i>/`) on `rows` into `target`; their mean metrics."""
-    train, held_out, tokenizer = rm_dataset(policy, cfg, rows, seed, max_new_tokens=max_new_tokens)
+    train, held_out, tokenizer, pairs = rm_dataset(policy, cfg, rows, seed, max_new_tokens=max_new_tokens)
     members = []
     for member in range(cfg.ensemble_size):
-        model, metrics = train_rm(train, held_out, cfg, tokenizer, policy, seed, member)
+        model, metrics = train_rm(train, held_out, cfg, tokenizer, policy, seed, member, pairs)
         folder = target if cfg.ensemble_size == 1 else target / f"member-{member}"
         model.save_pretrained(folder, safe_serialization=True)
         tokenizer.save_pretrained(folder)

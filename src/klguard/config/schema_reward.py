@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from klguard.errors import ConfigError
-from klguard.fields import at_least, choices, fail, finite, greater, non_negative, opt, section
+from klguard.fields import Rule, at_least, choices, fail, finite, greater, non_negative, opt, section
 
 EnsembleReduce = Literal["mean", "min", "uwo"]
 Shaping = Literal["none", "par"]
@@ -109,6 +109,7 @@ ProxyKind = Literal["length", "learned_rm"]
 RMInit = Literal["sft", "scratch"]
 RMDiversity = Literal["bootstrap", "mixed"]
 RMSchedule = Literal["constant", "linear"]
+RMFreshInit = Literal["identity", "random"]
 
 
 @dataclass
@@ -120,13 +121,23 @@ class LearnedRMConfig:
         "2022 and Coste et al. 2024 build proxy RMs", scratch="a fresh hidden_size x num_layers Llama"))
     fresh_layers: int = opt(2, "init=sft: new decoder layers between the SFT body and the head; they compare the "
                             "body's prediction of each answer token with the token written", rule=at_least(0))
+    fresh_init: RMFreshInit = opt("random", "init=sft: the new layers' start: " + choices(
+        RMFreshInit, identity="random, with their attention and MLP output projections zero, so each adds nothing "
+        "and the head first reads the body's own features", random="random throughout"))
     body_lr: float = opt(3e-4, "init=sft: learning rate of the SFT body's own weights (the new layers and the head "
                          "use lr)", rule=greater(0))
     samples: int = opt(4096, "SFT-policy samples (temperature 1, run-ons included) labelled by the gold rule; a "
                        "fifth is held out to measure the RM", rule=at_least(16))
     contrast: int = opt(3000, "The first N training problems (at most the 4/5 of samples not held out) each add the "
-                        "short correct answer (label 1) and a near-miss wrong one, off by 1, 2 or 10 either way "
+                        "short correct answer (label 1) and a near-miss wrong one off by one of contrast_offsets "
                         "(label 0)", rule=at_least(0))
+    contrast_offsets: list[int] = opt(
+        [-10, -2, -1, 1, 2, 10], "The near-miss's offset from the answer, drawn uniformly from this list (repeat "
+        "one to weight it; a negative result is redrawn)",
+        rule=Rule(lambda v: len(v) > 0 and 0 not in v, "must be a non-empty list without 0"))
+    pairwise: bool = opt(False, "Add the Bradley-Terry loss -log sigmoid(r(correct) - r(near-miss)) of each contrast "
+                         "pair to the binary cross-entropy (the pair shares its problem and form: only the arithmetic "
+                         "separates them)")
     epochs: int = opt(15, "Passes over the samples", rule=at_least(1))
     batch_size: int = opt(64, "Samples per RM optimizer step", rule=at_least(1))
     lr: float = opt(1e-3, "RM learning rate (AdamW); init=sft: of the new layers and the head", rule=greater(0))
