@@ -34,7 +34,7 @@ def rise_then_fall(steps: list[int], gold: list[float], rise: float, fall: float
     peak = max(range(len(before)), key=before.__getitem__)
     return {"step0_gold": start, "peak_gold": before[peak], "peak_step": steps[peak],
             "fall_step": None if fall_at is None else steps[fall_at], "final_gold": gold[-1],
-            "rise": before[peak] - start,
+            "low_after_peak": min(gold[peak:]), "rise": before[peak] - start,
             "rise_then_fall": fall_at is not None and before[peak] - start >= rise}
 
 
@@ -90,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for k, rm in rms.items():
         print(f"| {k} | {rm['held_out_accuracy']:.3f} | {rm['gold_correct_share']:.3f} |")
-    print(f"\n| run | step-0 gold | peak gold (step) | fall to step-0 - {args.fall:.2f} at | final gold | rise then "
-          "fall |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| run | step-0 gold | peak gold (step) | lowest after the peak | fall to step-0 - {args.fall:.2f} at | "
+          "final gold | rise then fall |")
+    print("|---|---|---|---|---|---|---|")
     for label, r in runs.items():
-        print(f"| {label} | {r['step0_gold']:.3f} | {r['peak_gold']:.3f} ({r['peak_step']}) | {r['fall_step']} | "
-              f"{r['final_gold']:.3f} | {'yes' if r['rise_then_fall'] else 'no'} |")
+        print(f"| {label} | {r['step0_gold']:.3f} | {r['peak_gold']:.3f} ({r['peak_step']}) | "
+              f"{r['low_after_peak']:.3f} | {r['fall_step']} | {r['final_gold']:.3f} | "
+              f"{'yes' if r['rise_then_fall'] else 'no'} |")
     print(f"\nrise then fall: {result['rise_then_fall']} runs")
     result_file = out / "rm_overoptimisation.json"
     result_file.write_text(json.dumps(result, indent=1))

@@ -320,8 +320,9 @@ def rm_overoptimisation() -> str:
                 [[k.removeprefix("sft"), f3(m["held_out_accuracy"]), f3(m["train_accuracy"]),
                   f3(m["gold_correct_share"])] for k, m in r["reward_models"].items()])
     runs = table(["run (SFT policy / PPO seed)", "step-0 gold", "peak gold before the fall (step)",
-                  f"first at or below step 0 - {r['fall']}", "final gold", f"rise >= {r['rise']} then fall"],
-                 [[label, f3(x["step0_gold"]), f"{f3(x['peak_gold'])} ({x['peak_step']})",
+                  "lowest gold after the peak", f"first at or below step 0 - {r['fall']}", "final gold",
+                  f"rise >= {r['rise']} then fall"],
+                 [[label, f3(x["step0_gold"]), f"{f3(x['peak_gold'])} ({x['peak_step']})", f3(x["low_after_peak"]),
                    "never" if x["fall_step"] is None else f"step {x['fall_step']}", f3(x["final_gold"]),
                    "yes" if x["rise_then_fall"] else "no"] for label, x in r["runs"].items()])
     return f"{rms}\n{runs}\nRise then fall within {r['steps']} steps: {r['rise_then_fall']} runs.\n"

@@ -121,7 +121,7 @@ class LearnedRMConfig:
         "2022 and Coste et al. 2024 build proxy RMs", scratch="a fresh hidden_size x num_layers Llama"))
     fresh_layers: int = opt(2, "init=sft: new decoder layers between the SFT body and the head; they compare the "
                             "body's prediction of each answer token with the token written", rule=at_least(0))
-    fresh_init: RMFreshInit = opt("random", "init=sft: the new layers' start: " + choices(
+    fresh_init: RMFreshInit = opt("identity", "init=sft: the new layers' start: " + choices(
         RMFreshInit, identity="random, with their attention and MLP output projections zero, so each adds nothing "
         "and the head first reads the body's own features", random="random throughout"))
     body_lr: float = opt(3e-4, "init=sft: learning rate of the SFT body's own weights (the new layers and the head "
@@ -135,7 +135,7 @@ class LearnedRMConfig:
         [-10, -2, -1, 1, 2, 10], "The near-miss's offset from the answer, drawn uniformly from this list (repeat "
         "one to weight it; a negative result is redrawn)",
         rule=Rule(lambda v: len(v) > 0 and 0 not in v, "must be a non-empty list without 0"))
-    pairwise: bool = opt(False, "Add the Bradley-Terry loss -log sigmoid(r(correct) - r(near-miss)) of each contrast "
+    pairwise: bool = opt(True, "Add the Bradley-Terry loss -log sigmoid(r(correct) - r(near-miss)) of each contrast "
                          "pair to the binary cross-entropy (the pair shares its problem and form: only the arithmetic "
                          "separates them)")
     epochs: int = opt(15, "Passes over the samples", rule=at_least(1))
