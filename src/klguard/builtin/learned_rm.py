@@ -135,6 +135,11 @@ def contrast_examples(rows: list[dict], tokenizer, seed: int, offsets: Sequence[
     return texts, labels
 
 
+def new_layers(model: LlamaForSequenceClassification, cfg: LearnedRMConfig) -> torch.nn.ModuleList:
+    """The `fresh_layers` decoder layers an SFT-body RM adds on top of the body's own."""
+    return model.model.layers[len(model.model.layers) - cfg.fresh_layers:]
+
+
 def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int, init: str) -> LlamaForSequenceClassification:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -149,7 +154,7 @@ def _rm_model(cfg: LearnedRMConfig, tokenizer, policy: Path, seed: int, init: st
             finally:
                 hf_logging.set_verbosity(verbosity)
             if cfg.fresh_init == "identity":  # each new layer adds nothing to the residual stream until trained
-                for layer in model.model.layers[layers - cfg.fresh_layers:]:
+                for layer in new_layers(model, cfg):
                     torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
                     torch.nn.init.zeros_(layer.mlp.down_proj.weight)
             return model
@@ -167,8 +172,7 @@ def param_groups(model: LlamaForSequenceClassification, cfg: LearnedRMConfig, in
     (the body already computes what the new ones must learn to read); from scratch, every weight at `lr`."""
     if init != "sft":
         return [{"params": list(model.parameters()), "lr": cfg.lr}]
-    body_layers = len(model.model.layers) - cfg.fresh_layers  # the new layers sit on top of the body's
-    fresh = [*model.score.parameters(), *(p for layer in model.model.layers[body_layers:] for p in layer.parameters())]
+    fresh = [*model.score.parameters(), *(p for layer in new_layers(model, cfg) for p in layer.parameters())]
     fresh_ids = {id(p) for p in fresh}
     return [{"params": fresh, "lr": cfg.lr},
             {"params": [p for p in model.parameters() if id(p) not in fresh_ids], "lr": cfg.body_lr}]
