@@ -54,10 +54,10 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     "guarded": GUARDED_DEFAULT,
     # the guard with the gold-free signals kl_growth and rm_spread acting too
     "guarded_gold_free": (*GUARDED_DEFAULT, f"guard.hacking_signals=[{','.join(GOLD_FREE_TRIGGERS)}]"),
-    # a user without gold: validation is no signal (no val_drop rollback, no proxy/validation divergence)
-    # (the gold validation is still run, to measure the run, and the guard sees it but cannot act on it)
-    "guarded_no_gold": (*GUARDED_DEFAULT, "guard.val_drop_max=1000", "guard.val_fall_tol=1000",
-                        f"guard.hacking_signals=[{','.join(GOLD_FREE_TRIGGERS[:3] + GOLD_FREE_TRIGGERS[4:])}]"),
+    # a user without gold: the guard's validation score is the reward's own score on the held-out prompts, and
+    # the gold-free signals act (gold validation still runs, to measure the run; no rule reads it)
+    "guarded_no_gold": (*GUARDED_DEFAULT, "guard.val_metric=val-aux/*/score/*",
+                        f"guard.hacking_signals=[{','.join(GOLD_FREE_TRIGGERS)}]"),
     "verl_default_par": (*VERL_DEFAULT, "reward_model.shaping=par"),  # Fu et al.'s PAR on verl's default KL
     # the guard over the PI controller with k3, target 0.03 (an earlier measurement's best trade-off)
     "guarded_pid": ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.target_kl=0.03",

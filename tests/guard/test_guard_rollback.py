@@ -213,3 +213,30 @@ def test_a_checkpoint_taken_while_the_length_drifts_is_no_rollback_target() -> N
     # 12: alarm (16 > 15); 13: no alarm but the recent mean (16 + 10.2) / 2 = 13.1 > 13; 14: calm again
     assert [d.metrics[s]["guard/stable"] for s in (11, 12, 13, 14)] == [1.0, 0.0, 0.0, 1.0]
     assert d.metrics[13]["guard/hacking_alarm"] == 0.0
+
+
+NO_GOLD = "val-aux/*/score/*"
+RM_VAL = "val-aux/arith/score/mean@1"
+
+
+@pytest.mark.parametrize(("val_metric", "fires"), [("val-core/*/acc/*", True), (NO_GOLD, False)])
+def test_with_no_gold_the_falling_gold_is_not_read(val_metric: str, fires: bool) -> None:
+    """guard.val_metric picks the validation score: with the RM's own score no rule reads the gold accuracy."""
+    d = make(val_metric=val_metric, val_patience=1)
+    d.guard.observe(0, {VAL: 0.8, RM_VAL: 1.0})
+    d.run(steps({5: {VAL: 0.5, RM_VAL: 1.5}}, 5))  # gold fell 37%, the RM's score rose
+    assert (d.kinds(5)[:1] == ["rollback"]) is fires
+    assert d.guard.guard_metrics()["guard/val_best"] == pytest.approx(0.8 if fires else 1.5)
+
+
+def test_with_no_gold_a_falling_rm_score_rolls_back_and_names_its_metric() -> None:
+    d = make(val_metric=NO_GOLD, val_patience=1)
+    d.guard.observe(0, {VAL: 0.8, RM_VAL: 2.0})
+    d.run(steps({5: {VAL: 0.8, RM_VAL: 1.8}}, 5))  # the RM's score 10% under its best; gold held
+    rollback = d.log[5][0]
+    assert (rollback.kind, rollback.rule, rollback.metric, rollback.value) == ("rollback", "val_drop", NO_GOLD, 1.8)
+
+
+def test_an_empty_val_metric_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"guard\.val_metric"):
+        make(val_metric=" ")

@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 from klguard.errors import ConfigError
-from klguard.fields import at_least, check_tree, choices, fail, greater, interval, opt
+from klguard.fields import Rule, at_least, check_tree, choices, fail, greater, interval, opt
+from klguard.guard.signals import VAL_METRIC
 from klguard.guard.state import HACK_SIGNALS
 
 HackingAction = Literal["raise_kl_coef", "rollback", "none"]
@@ -50,8 +51,11 @@ class GuardConfig:
     grad_clip_on_alarm: float = opt(1.0, "Gradient clip set when grad_norm alarms", rule=_POSITIVE)
 
     # Rule 4: validation
+    val_metric: str = opt(
+        VAL_METRIC, "Glob of the validation metrics the rules read (no gold: val-aux/*/score/*, the RM's own score)",
+        rule=Rule(lambda v: bool(v.strip()), "must be a non-empty metric glob"))
     val_drop_max: float = opt(
-        0.05, "Relative drop of val-core/*/acc/* from its best that triggers a rollback", rule=_TOLERANCE
+        0.05, "Relative drop of the validation score from its best (when > 0) that rolls back", rule=_TOLERANCE
     )
     val_fall_tol: float = opt(0.02, "Relative drop between consecutive validations that counts as falling",
                               rule=_TOLERANCE)

@@ -135,7 +135,7 @@ class KLGuard:
         if not self.cfg.enable:
             return []
         st, cfg = self._st, self.cfg
-        obs = read_metrics(metrics)
+        obs = read_metrics(metrics, cfg.val_metric)
         if obs.kl_coef is not None:
             st.kl_coef = obs.kl_coef
         st.last_step = step
@@ -179,7 +179,7 @@ class KLGuard:
                              + (f" for {st.kl_hard_streak} steps" if cfg.kl_hard_patience > 1 else "")))
         if val_dropped and st.best_val is not None and obs.val is not None:
             limit = st.best_val * (1 - cfg.val_drop_max)
-            triggers.append(("val_drop", rules.VAL_METRIC, obs.val, limit, f"the validation score {obs.val:.4g} fell "
+            triggers.append(("val_drop", cfg.val_metric, obs.val, limit, f"the validation score {obs.val:.4g} fell "
                              f"more than {cfg.val_drop_max:.0%} below its best {st.best_val:.4g}"))
         if cfg.hacking_action == "rollback" and evidence and st.ready("hacking", step, cfg.cooldown):
             st.fired("hacking", step)

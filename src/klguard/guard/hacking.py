@@ -51,8 +51,6 @@ from klguard.guard.signals import (
 )
 from klguard.guard.state import GuardState
 
-_VAL_METRIC = "val-core/*/acc/*"
-
 
 @dataclass(frozen=True)
 class Evidence:
@@ -191,7 +189,7 @@ def measure_hacking(cfg: GuardConfig, st: GuardState, obs: Observation) -> list[
     evidence += _limit_signal(st, "audit_gap", AUDIT_SCORE, st.audit_gap, cfg.audit_gap_max, True,
                               "RM gain the audit RM does not share")
     if st.hack["proxy_val_divergence"]:
-        evidence.append(Evidence("proxy_val_divergence", _VAL_METRIC, st.prev_val, None,
+        evidence.append(Evidence("proxy_val_divergence", cfg.val_metric, st.prev_val, None,
                                  "validation fell while the proxy score rose"))
     return [e for e in evidence if e.signal in cfg.hacking_signals]
 

@@ -21,7 +21,6 @@ from klguard.guard.signals import (
 )
 from klguard.guard.state import GuardState
 
-VAL_METRIC = "val-core/*/acc/*"
 KL_COEF_CHANGE = "kl_coef_change"
 """Pseudo-rule stamped whenever the guard raises kl_coef: the rules that raise it again from the
 KL's level (penalty share, slow control) wait a cooldown after any raise, so the run shows the

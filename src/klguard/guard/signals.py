@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 PPO_KL = "actor/ppo_kl"
 REF_KL = "actor/reward_kl_penalty"
@@ -31,13 +32,13 @@ REF_NLL = "hacking/ref_nll"
 RM_OUTLIER = "hacking/rm_feature_outlier_share"
 RM_SCORE, RM_SCORE_STD = "hacking/rm_score", "hacking/rm_score_std"
 AUDIT_SCORE, AUDIT_SCORE_STD = "hacking/audit_score", "hacking/audit_score_std"
-VAL_PREFIX = "val-core/"
-VAL_PART = "/acc/"
+VAL_METRIC = "val-core/*/acc/*"
+"""The validation score the guard reads by default (guard.val_metric): the task's accuracy, gold where it has one."""
 
 INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, SCORE_MIN,
                                   SCORE_MAX, GRAD_NORM, GRAD_CLIP, LR, LENGTH, ENTROPY, LENGTH_CORR, REPETITION,
                                   RM_SPREAD, REF_LOW_PROB, REF_NLL, RM_OUTLIER, RM_SCORE, RM_SCORE_STD,
-                                  AUDIT_SCORE, AUDIT_SCORE_STD, "val-core/*/acc/*")
+                                  AUDIT_SCORE, AUDIT_SCORE_STD, VAL_METRIC)
 """Every metric the guard reads."""
 
 
@@ -82,17 +83,19 @@ def _get(metrics: Mapping[str, float], key: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def validation_score(metrics: Mapping[str, float]) -> float | None:
-    """Mean of the finite ``val-core/<source>/acc/<stat>`` metrics present (None if none)."""
-    values = [_get(metrics, k) for k in metrics if k.startswith(VAL_PREFIX) and VAL_PART in k]
+def validation_score(metrics: Mapping[str, float], pattern: str = VAL_METRIC) -> float | None:
+    """Mean of the finite metrics whose names match the glob ``pattern`` (None if none): by default the
+    ``val-core/<source>/acc/<stat>`` metrics."""
+    values = [_get(metrics, k) for k in metrics if fnmatchcase(k, pattern)]
     found = [v for v in values if v is not None]
     return sum(found) / len(found) if found else None
 
 
-def read_metrics(metrics: Mapping[str, float]) -> Observation:
-    """Extract the guard's inputs. The reference KL is ``actor/reward_kl_penalty`` (KL in the
-    reward), else ``actor/kl_loss`` (KL as a loss), both per-token means; the coefficient is
-    ``actor/reward_kl_penalty_coeff``, else (KL as a loss only) ``actor/kl_coef``."""
+def read_metrics(metrics: Mapping[str, float], val_metric: str = VAL_METRIC) -> Observation:
+    """Extract the guard's inputs (the validation score: the mean of the metrics matching ``val_metric``).
+    The reference KL is ``actor/reward_kl_penalty`` (KL in the reward), else ``actor/kl_loss`` (KL as a loss),
+    both per-token means; the coefficient is ``actor/reward_kl_penalty_coeff``, else (KL as a loss only)
+    ``actor/kl_coef``."""
     kl, kl_name, kl_coef = _get(metrics, REF_KL), REF_KL, _get(metrics, KL_COEF)
     if kl is None:
         kl, kl_name = _get(metrics, REF_KL_LOSS), REF_KL_LOSS
@@ -107,7 +110,7 @@ def read_metrics(metrics: Mapping[str, float]) -> Observation:
         rm_outlier=_get(metrics, RM_OUTLIER), rm_score=_get(metrics, RM_SCORE),
         rm_score_std=_get(metrics, RM_SCORE_STD), audit_score=_get(metrics, AUDIT_SCORE),
         audit_score_std=_get(metrics, AUDIT_SCORE_STD),
-        val=validation_score(metrics),
+        val=validation_score(metrics, val_metric),
     )
 
 
