@@ -21,14 +21,17 @@ import sys
 from pathlib import Path
 
 from klguard.guard import GuardConfig, KLGuard
-from klguard.guard.signals import validation_score
+from klguard.guard.signals import VAL_METRIC, validation_score
 from klguard.guard.state import HACK_SIGNALS
 
 FALL = 0.1  # absolute gold drop from the peak that counts as hacking
+NO_GOLD = "val-aux/*/score/*"  # the reward's own score on the held-out prompts
+ANY = "any"  # the first firing of any gold-free signal
 
 
 def replay(metrics_file: Path, total_steps: int = 200, **thresholds) -> dict:
-    """One run: its gold series, peak, fall, and every signal's first firing step (None: never)."""
+    """One run: its gold series, peak, fall, and every signal's first firing step (None: never). The guard reads
+    its validation score from ``val_metric`` (in ``thresholds``; default gold); the peak and fall are always gold."""
     cfg = GuardConfig(hacking_signals=list(HACK_SIGNALS), hacking_action="none", **thresholds)
     guard = KLGuard(cfg, total_steps=total_steps, target_kl=0.015, kl_coef=None)
     gold: list[tuple[int, float]] = []
@@ -52,24 +55,32 @@ def replay(metrics_file: Path, total_steps: int = 200, **thresholds) -> dict:
             "hacks": gold[-1][1] <= peak - FALL, "onsets": onsets}
 
 
-def summarize(runs: dict[str, dict]) -> dict[str, dict]:
-    """Per signal: leads over the peak and the fall in the hacking runs, false alarms in the others."""
+def summarize(runs: dict[str, dict], gold_free: tuple[str, ...] = HACK_SIGNALS) -> dict[str, dict]:
+    """Per signal: leads over the peak and the fall in the hacking runs, false alarms in the others; and ``any``:
+    the first firing of any signal in ``gold_free`` (the signals that read no gold), as if it were one signal."""
+    runs = {label: r | {"onsets": r["onsets"] | {ANY: _first(r["onsets"], gold_free)}} for label, r in runs.items()}
     hacking = [r for r in runs.values() if r["hacks"]]
     healthy = [r for r in runs.values() if not r["hacks"]]
     out = {}
-    for name in HACK_SIGNALS:
+    for name in (*HACK_SIGNALS, ANY):
         fired = [r for r in hacking if r["onsets"][name] is not None]
         lead_peak = [r["peak_step"] - r["onsets"][name] for r in fired]
         lead_fall = [r["fall_step"] - r["onsets"][name] for r in fired if r["fall_step"] is not None]
         out[name] = {
             "hacking_runs": len(hacking), "fired": len(fired),
             "before_peak": sum(lead > 0 for lead in lead_peak), "before_fall": sum(lead > 0 for lead in lead_fall),
+            "at_or_before_peak": sum(lead >= 0 for lead in lead_peak),
             "median_lead_over_peak": statistics.median(lead_peak) if lead_peak else None,
             "median_lead_over_fall": statistics.median(lead_fall) if lead_fall else None,
             "healthy_runs": len(healthy),
             "false_alarms": sum(r["onsets"][name] is not None for r in healthy),
         }
     return out
+
+
+def _first(onsets: dict[str, int | None], names: tuple[str, ...]) -> int | None:
+    steps = [onsets[n] for n in names if onsets[n] is not None]
+    return min(steps) if steps else None
 
 
 def guard_off(run_dir: Path) -> bool:
@@ -80,21 +91,21 @@ def guard_off(run_dir: Path) -> bool:
     return config.is_file() and OmegaConf.load(config).guard.enable is False
 
 
-def collect(root: Path) -> dict[str, dict]:
+def collect(root: Path, **thresholds) -> dict[str, dict]:
     """Every finished (summary.json written) guard-off run directory under ``root``, by its path relative to it."""
-    return {str(f.parent.relative_to(root)): replay(f) for f in sorted(root.rglob("metrics.jsonl"))
+    return {str(f.parent.relative_to(root)): replay(f, **thresholds) for f in sorted(root.rglob("metrics.jsonl"))
             if (f.parent / "summary.json").is_file() and guard_off(f.parent)}
 
 
 def print_table(summary: dict[str, dict], title: str) -> None:
     print(f"\n{title}\n")
-    print("| signal | fired / hacking runs | before the peak | before the fall | median lead over peak / fall "
-          "| false alarms / healthy runs |")
-    print("|---|---|---|---|---|---|")
+    print("| signal | fired / hacking runs | before the peak | at or before the peak | before the fall "
+          "| median lead over peak / fall | false alarms / healthy runs |")
+    print("|---|---|---|---|---|---|---|")
     for name, s in summary.items():
         lead = f"{_fmt(s['median_lead_over_peak'])} / {_fmt(s['median_lead_over_fall'])}"
-        print(f"| {name} | {s['fired']} / {s['hacking_runs']} | {s['before_peak']} | {s['before_fall']} | {lead} "
-              f"| {s['false_alarms']} / {s['healthy_runs']} |")
+        print(f"| {name} | {s['fired']} / {s['hacking_runs']} | {s['before_peak']} | {s.get('at_or_before_peak', '-')} "
+              f"| {s['before_fall']} | {lead} | {s['false_alarms']} / {s['healthy_runs']} |")
 
 
 def _fmt(value) -> str:
@@ -104,15 +115,21 @@ def _fmt(value) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="a folder of run directories (benchmarks/hacking.py's OUT/hacking)")
+    parser.add_argument("--val-metric", default=VAL_METRIC,
+                        help=f"the validation score the replayed guard reads (guard.val_metric; default {VAL_METRIC}, "
+                        f"gold on the built-in task; {NO_GOLD}: the reward's own score, so proxy_val_divergence "
+                        "reads no gold)")
     args = parser.parse_args(argv)
-    runs = collect(args.root)
+    runs = collect(args.root, val_metric=args.val_metric)
+    gold_free = tuple(n for n in HACK_SIGNALS if n != "proxy_val_divergence" or args.val_metric != VAL_METRIC)
     if not runs:
         print(f"no guard-off run directories under {args.root}", file=sys.stderr)
         return 1
     by_group: dict[str, dict[str, dict]] = {}
     for label, run in runs.items():
         by_group.setdefault(label.split("/")[0], {})[label] = run
-    result = {"fall": FALL, "runs": runs, "summary": {g: summarize(rs) for g, rs in by_group.items()}}
+    result = {"fall": FALL, "val_metric": args.val_metric, "any_of": list(gold_free), "runs": runs,
+              "summary": {g: summarize(rs, gold_free) for g, rs in by_group.items()}}
     for group, summary in result["summary"].items():
         print_table(summary, f"signals on {group} ({len(by_group[group])} guard-off runs)")
     out = args.root.parent / "signal_onsets.json"  # beside hacking.json

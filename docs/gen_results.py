@@ -180,10 +180,11 @@ def signal_onsets() -> str:
         rows = []
         for name, s in summary.items():
             lead = f"{_g(s['median_lead_over_peak'])} / {_g(s['median_lead_over_fall'])}"
-            rows.append([f"`{name}`", f"{s['fired']} / {s['hacking_runs']}", s["before_peak"], s["before_fall"],
-                         lead, f"{s['false_alarms']} / {s['healthy_runs']}"])
-        parts.append(table(["signal", "fired / hacking runs", "before the peak", "before the fall",
-                            "median lead over peak / fall", "false alarms / healthy runs"], rows))
+            rows.append([f"`{name}`" if name != "any" else "any of them", f"{s['fired']} / {s['hacking_runs']}",
+                         s["before_peak"], s.get("at_or_before_peak", "-"), s["before_fall"], lead,
+                         f"{s['false_alarms']} / {s['healthy_runs']}"])
+        parts.append(table(["signal", "fired / hacking runs", "before the peak", "at or before the peak",
+                            "before the fall", "median lead over peak / fall", "false alarms / healthy runs"], rows))
     return "\n".join(parts)
 
 

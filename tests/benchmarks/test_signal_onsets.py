@@ -39,7 +39,31 @@ def test_a_hacking_run_and_a_healthy_one(tmp_path):
     assert hacked["onsets"]["rm_spread"] is None and hacked["onsets"]["kl_growth"] is None
     healthy = onsets.replay(_write(tmp_path / "b.jsonl", {0: 0.7, 30: 0.8, 60: 0.78}, length_from=50))
     assert not healthy["hacks"] and healthy["fall_step"] is None
-    summary = onsets.summarize({"a": hacked, "b": healthy})["length_growth"]
-    assert summary == {"hacking_runs": 1, "fired": 1, "before_peak": 0, "before_fall": 1,
-                       "median_lead_over_peak": -15, "median_lead_over_fall": 5, "healthy_runs": 1,
-                       "false_alarms": 1}
+    summary = onsets.summarize({"a": hacked, "b": healthy})
+    assert summary["length_growth"] == {"hacking_runs": 1, "fired": 1, "before_peak": 0, "before_fall": 1,
+                                        "at_or_before_peak": 0, "median_lead_over_peak": -15,
+                                        "median_lead_over_fall": 5, "healthy_runs": 1, "false_alarms": 1}
+    assert summary["any"]["fired"] == 1 and summary["any"]["false_alarms"] == 1
+
+
+def test_any_is_the_first_firing_of_the_named_signals() -> None:
+    run = {"peak_step": 20, "fall_step": 40, "hacks": True,
+           "onsets": dict.fromkeys(onsets.HACK_SIGNALS) | {"kl_growth": 30, "proxy_val_divergence": 20}}
+    assert onsets.summarize({"a": run})["any"]["at_or_before_peak"] == 1  # 20: at the peak
+    without = onsets.summarize({"a": run}, tuple(n for n in onsets.HACK_SIGNALS if n != "proxy_val_divergence"))
+    assert without["any"]["at_or_before_peak"] == 0 and without["any"]["median_lead_over_peak"] == -10
+
+
+def test_the_replayed_guard_reads_the_validation_metric_it_is_given(tmp_path) -> None:
+    """With the reward's own held-out score as its validation, proxy_val_divergence reads no gold."""
+    rows = [{"step": 0, VAL: 0.9, "val-aux/arith/score/mean@1": 1.0}]
+    for step in range(1, 31):
+        row = {"step": step, "critic/score/mean": 1.0 + 0.1 * step}
+        if step % 10 == 0:  # gold falls at every validation, the RM's held-out score rises
+            row |= {VAL: 0.9 - 0.2 * step / 10, "val-aux/arith/score/mean@1": 1.0 + step / 10}
+        rows.append(row)
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    # gold: steps 20 and 30 fell while the training score rose over the interval before (step 10 has no interval)
+    assert onsets.replay(path)["onsets"]["proxy_val_divergence"] == 30
+    assert onsets.replay(path, val_metric=onsets.NO_GOLD)["onsets"]["proxy_val_divergence"] is None
