@@ -132,8 +132,8 @@ class LearnedRMConfig:
                         "short correct answer (label 1) and a near-miss wrong one off by one of contrast_offsets "
                         "(label 0)", rule=at_least(0))
     contrast_offsets: list[int] = opt(
-        [-10, -2, -1, 1, 2, 10], "The near-miss's offset from the answer, drawn uniformly from this list (repeat "
-        "one to weight it; a negative result is redrawn)",
+        [-2, -1, 1, 2], "The near-miss's offset from the answer, drawn uniformly from this list (repeat one to weight "
+        "it; a negative result is redrawn; no +-10: the RM never sees a wrong tens digit contrasted)",
         rule=Rule(lambda v: len(v) > 0 and 0 not in v, "must be a non-empty list without 0"))
     pairwise: bool = opt(True, "Add the Bradley-Terry loss -log sigmoid(r(correct) - r(near-miss)) of each contrast "
                          "pair to the binary cross-entropy (the pair shares its problem and form: only the arithmetic "
