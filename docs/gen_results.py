@@ -41,7 +41,8 @@ LABELS = {
 }
 DEMO_ORDER = ("guarded", "verl_default", "seed_recipe", "fixed_0.01", "fixed_0.1", "fixed_0.3", "fixed_0.5",
               "adaptive_0.03", "pid_0.015", "pid_0.03", "guarded_target_0.03", "guarded_loose", "guarded_warmup0")
-MATRIX_ORDER = ("guarded", "verl_default", "seed_recipe", "fixed_0.03", "fixed_0.1", "fixed_0.3", "fixed_1.0")
+MATRIX_ORDER = ("guarded", "guarded_no_gold", "verl_default", "seed_recipe", "fixed_0.03", "fixed_0.1", "fixed_0.3",
+                "fixed_1.0")
 SETTINGS = {"ppo_rm": "PPO + reward model", "grpo": "GRPO + KL loss", "ppo_rule": "PPO + rule reward"}
 
 
@@ -61,6 +62,10 @@ def g4(value: float | None) -> str:
 
 def pct(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{100 * value:.{digits}f}%"
+
+
+def yes_no(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "no"
 
 
 def table(head: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
@@ -123,10 +128,12 @@ def matrix_overview() -> str:
                      g4(verl.get("final_gold")), g4(t["guarded_hacking"]), g4(t.get("sft_hacking")),
                      g4(t["verl_hacking"]), g4(guarded["final_kl_coef"]),
                      f"{t.get('guarded_paused', '-')} of {t.get('guarded_runs', '-')}",
-                     "yes" if t["gold_within_0.01"] else "no"])
+                     "yes" if t["gold_within_0.01"] else "no", g4(t.get("no_gold_final_gold")),
+                     yes_no(t.get("no_gold_within_0.02_of_oracle")), yes_no(t.get("no_gold_within_0.02_of_guarded"))])
     head = ["cell", "guarded final gold", "best fixed beta (final gold)", "verl default final gold",
             "guarded hacking (rollouts)", "SFT policy's own hacking", "verl hacking", "guarded final beta",
-            "guarded runs paused", "gold >= best fixed - 0.01"]
+            "guarded runs paused", "gold >= best fixed - 0.01", "no gold: final gold", "no gold >= best fixed - 0.02",
+            "no gold within 0.02 of guarded"]
     return table(head, rows)
 
 

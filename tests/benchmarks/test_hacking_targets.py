@@ -1,0 +1,49 @@
+"""benchmarks/hacking.py's per-cell targets on hand-made means: the guarded default against the best fixed beta,
+and the guard with no gold against both."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "hacking.py"
+_spec = importlib.util.spec_from_file_location("bench_hacking", _PATH)
+hacking = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = hacking
+_spec.loader.exec_module(hacking)
+
+
+def _means(guarded: float, no_gold: float | None) -> dict:
+    means = {"guarded": {"final_gold": guarded, "hacking_rate": 0.08},
+             "verl_default": {"final_gold": 0.1, "hacking_rate": 0.9},
+             "fixed_0.3": {"final_gold": 0.70, "hacking_rate": 0.2}, "fixed_1.0": {"final_gold": 0.80,
+                                                                               "hacking_rate": 0.1}}
+    if no_gold is not None:
+        means["guarded_no_gold"] = {"final_gold": no_gold, "hacking_rate": 0.1}
+    return means
+
+
+RUNS = {"guarded": [{"first_hacking_rate": 0.07, "paused_at": None}, {"first_hacking_rate": 0.09, "paused_at": 120}]}
+
+
+def test_the_oracle_is_the_best_fixed_beta_and_the_guarded_default_is_held_to_it():
+    t = hacking._targets(_means(0.795, None), RUNS)
+    assert t["oracle"] == "fixed_1.0" and t["oracle_final_gold"] == 0.80
+    assert t["gold_within_0.01"] is True
+    assert t["guarded_paused"] == 1 and t["guarded_runs"] == 2
+    assert abs(t["hacking_bound"] - 0.10) < 1e-9  # max(0.05, mean first-step rate 0.08 + 0.02)
+    assert t["hacking_within_bound"] is True and t["hacking_at_most_0.1x_verl"] is True
+    assert "no_gold_final_gold" not in t  # no no-gold runs in this cell
+    assert hacking._targets(_means(0.78, None), RUNS)["gold_within_0.01"] is False
+
+
+def test_the_guard_without_gold_is_held_to_the_oracle_minus_0_02_and_to_the_guard_with_gold():
+    ok = hacking._targets(_means(0.80, 0.785), RUNS)
+    assert ok["no_gold_final_gold"] == 0.785
+    assert ok["no_gold_within_0.02_of_oracle"] is True and ok["no_gold_within_0.02_of_guarded"] is True
+    low = hacking._targets(_means(0.80, 0.77), RUNS)
+    assert low["no_gold_within_0.02_of_oracle"] is False and low["no_gold_within_0.02_of_guarded"] is False
+    # better than the guard with gold by more than 0.02: above the oracle, but not "within 0.02" of the guarded run
+    high = hacking._targets(_means(0.70, 0.80), RUNS)
+    assert high["no_gold_within_0.02_of_oracle"] is True and high["no_gold_within_0.02_of_guarded"] is False
