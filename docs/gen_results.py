@@ -144,10 +144,12 @@ def headline() -> str:
     for cell, t in data["targets"].items():
         if t:
             verl = data["means"][cell].get("verl_default", {})
-            rows.append([cell, f3(t["guarded_final_gold"]), f"{f3(t['oracle_final_gold'])} ({label(t['oracle'])})",
+            rows.append([cell, f3(t["guarded_final_gold"]), f3(t.get("no_gold_final_gold")),
+                         f"{f3(t['oracle_final_gold'])} ({label(t['oracle'])})",
                          f3(verl.get("final_gold")), f3(t["guarded_hacking"]), f3(t["verl_hacking"])])
-    return table(["exploit / SFT policy", "klguard default: final gold", "best fixed beta: final gold",
-                  "verl default: final gold", "klguard default: hacking", "verl default: hacking"], rows)
+    return table(["exploit / SFT policy", "klguard default: final gold", "klguard default, no gold: final gold",
+                  "best fixed beta: final gold", "verl default: final gold", "klguard default: hacking",
+                  "verl default: hacking"], rows)
 
 
 README = ROOT / "README.md"
