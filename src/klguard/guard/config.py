@@ -120,6 +120,8 @@ class GuardConfig:
         rule=_TOLERANCE,
     )
     stable_length_window: int = opt(5, "Steps in that recent mean length", rule=_STEPS)
+    stable_kl_share: float = opt(
+        1.0, "KL to the reference above this share of kl_hard_limit: no rollback target", rule=interval("(0, 1]"))
     length_corr_max: float = opt(
         1.0, "hacking/length_reward_corr above this while length grows: hacking signal (1 = off)",
         rule=interval("[-1, 1]"),
