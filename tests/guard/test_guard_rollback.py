@@ -135,6 +135,18 @@ def test_is_stable() -> None:
     assert d.guard.is_stable()
 
 
+def test_a_checkpoint_whose_kl_is_past_stable_kl_share_of_the_limit_is_no_rollback_target() -> None:
+    near = {"actor/reward_kl_penalty": 0.04}  # under the hard limit 0.05, above half of it
+    d = make()
+    d.run(steps({3: near}, 3))
+    assert d.fired() == {} and d.guard.is_stable()  # share 1.0: anything under the limit
+    d = make(stable_kl_share=0.5)
+    d.run(steps({3: near}, 3))
+    assert d.fired() == {} and not d.guard.is_stable() and d.metrics[3]["guard/stable"] == 0.0
+    d.run(steps({4: {"actor/reward_kl_penalty": 0.025}}, 4, start=4))  # exactly half: a target again
+    assert d.guard.is_stable()
+
+
 # ------------------------------------------------------------------ rule 7: warm-up
 
 
