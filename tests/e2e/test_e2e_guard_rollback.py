@@ -20,7 +20,7 @@ class _NullTracker:
 def test_guard_rolls_back_a_blow_up_to_the_stable_checkpoint(fast_overrides, tmp_path):
     # only the KL rules speak here: the tiny test policy's weak score would trip the penalty-share rule
     quiet = ["guard.penalty_share_max=1000", "guard.hacking_action=none", "guard.length_growth_max=100",
-             "guard.length_corr_max=1.0", "guard.ppo_kl_max=1000"]
+             "guard.length_corr_max=1.0", "guard.ppo_kl_max=1000", "guard.reanchor_rules=[kl_hard]"]
     cfg = load_config(None, [*fast_overrides, *quiet, "guard.enable=true", "trainer.save_freq=1",
                              "trainer.test_freq=-1", "trainer.val_before_train=false",
                              "trainer.total_training_steps=7"]).config

@@ -38,7 +38,8 @@ def test_defaults_are_the_seed_values_except_the_calibrated_ones() -> None:
     [("ppo_kl_max", 0.0), ("lr_cut_factor", 1.5), ("lr_floor_scale", 0.0), ("patience", 0),
      ("kl_coef_raise_factor", 0.9), ("kl_hard_limit", float("nan")), ("cooldown", -1), ("max_rollbacks", -1),
      ("spike_min_history", 21), ("warmup_ratio", 1.5), ("warmup_kl_coef", -0.1), ("length_corr_max", 2.0),
-     ("hacking_action", "explode"), ("entropy_collapse_ratio", 0.0), ("val_drop_max", -0.1)],
+     ("hacking_action", "explode"), ("entropy_collapse_ratio", 0.0), ("val_drop_max", -0.1),
+     ("reanchor_rules", ["kl_hard", "spike"]), ("stable_kl_share", 0.0)],
 )
 def test_validate_names_the_bad_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"guard.{field}"):

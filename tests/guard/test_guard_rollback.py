@@ -137,7 +137,7 @@ def test_is_stable() -> None:
 
 def test_a_checkpoint_whose_kl_is_past_stable_kl_share_of_the_limit_is_no_rollback_target() -> None:
     near = {"actor/reward_kl_penalty": 0.04}  # under the hard limit 0.05, above half of it
-    d = make()
+    d = make(stable_kl_share=1.0)
     d.run(steps({3: near}, 3))
     assert d.fired() == {} and d.guard.is_stable()  # share 1.0: anything under the limit
     d = make(stable_kl_share=0.5)
@@ -197,7 +197,7 @@ def test_a_rollback_can_also_cut_the_lr() -> None:
 
 
 def test_a_rollback_reanchors_the_reference_once_per_restored_step() -> None:
-    d = make(reanchor_on_rollback=True)
+    d = make(reanchor_on_rollback=True, reanchor_rules=["kl_hard"])
     d.run(steps({4: HARD}, 4))
     follow = d.guard.on_rollback(3)
     assert [a.kind for a in follow] == ["reanchor_reference"]
@@ -207,8 +207,20 @@ def test_a_rollback_reanchors_the_reference_once_per_restored_step() -> None:
     assert [a.new for a in d.guard.on_rollback(0)] == [0]  # back to the initial policy
 
 
+def test_a_kl_hard_rollback_keeps_the_reference_and_a_validation_rollback_moves_it() -> None:
+    d = make(reanchor_on_rollback=True)  # reanchor_rules as shipped: every rule but kl_hard
+    d.run(steps({4: HARD}, 4))
+    assert d.log[4][0].rule == "kl_hard"
+    assert d.guard.on_rollback(3) == [] and d.guard.reference_step == 0  # the policy strayed: keep the start
+    d = make(reanchor_on_rollback=True)
+    d.guard.observe(0, {VAL: 0.6})
+    d.run(steps({4: {VAL: 0.5}}, 4))  # 17% below the best validation
+    assert d.log[4][0].rule == "val_drop"
+    assert [a.kind for a in d.guard.on_rollback(2)] == ["reanchor_reference"] and d.guard.reference_step == 2
+
+
 def test_only_the_first_reanchor_rollbacks_move_the_reference() -> None:
-    d = make(reanchor_on_rollback=True, reanchor_rollbacks=1, hold_steps=0)
+    d = make(reanchor_on_rollback=True, reanchor_rules=["kl_hard"], hold_steps=0)
     d.run(steps({4: HARD}, 4))
     assert [a.kind for a in d.guard.on_rollback(3)] == ["reanchor_reference"]
     d.run(steps({9: HARD}, 9, start=5))

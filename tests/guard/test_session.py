@@ -154,7 +154,7 @@ def test_a_rollback_restores_the_newest_stable_checkpoint_that_exists_then_tight
     """Checkpoint 6 is gone: 4 is restored, the reference re-anchored there, then target_kl 0.015 -> 0.01,
     kl_coef 0.1 x 2 and the lr scale x 0.5, in the guard's order."""
     host = FakeHost(checkpoints={2, 4})
-    s = session(host, reanchor_on_rollback=True, rollback_lr_factor=0.5)
+    s = session(host, reanchor_on_rollback=True, reanchor_rules=["kl_hard"], rollback_lr_factor=0.5)
     s.stable = [2, 4, 6]
     s.observe(5, dict(QUIET, **HARD))
     assert host.calls == [("restore_checkpoint", 6), ("restore_checkpoint", 4), ("reanchor_reference", 4),
@@ -228,7 +228,7 @@ def _history(s: GuardSession) -> None:
 def test_state_dict_round_trip_takes_the_same_later_decisions():
     def fresh(host):
         ctrl = build_kl_controller("adaptive", kl_coef=0.1, target_kl=0.01, horizon=100)
-        return session(host, TRL_KEYS, ctrl, reanchor_on_rollback=True)
+        return session(host, TRL_KEYS, ctrl, reanchor_on_rollback=True, reanchor_rules=["kl_hard"])
 
     whole = fresh(FakeHost(checkpoints={2, 4}))
     _history(whole)

@@ -62,7 +62,8 @@ def test_rollback_restores_checkpoint_bit_for_bit_and_the_lr_cut_survives_the_sc
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     trainer = grpo_trainer(tmp_path, steps=steps, save_steps=1, learning_rate=lr, lr_scheduler_type="linear",
                            report_to=["tensorboard"])
-    callback = guarded(trainer, ["guard.kl_hard_limit=1.0", "guard.kl_hard_patience=1"])
+    callback = guarded(trainer, ["guard.kl_hard_limit=1.0", "guard.kl_hard_patience=1",
+                                 "guard.reanchor_rules=[kl_hard]"])
     inject(callback, {4: {"kl": 5.0}})
     seen = snapshot_after_guard(callback, 4)
     trainer.train()

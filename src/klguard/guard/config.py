@@ -18,6 +18,8 @@ from klguard.guard.state import HACK_SIGNALS
 HackingAction = Literal["raise_kl_coef", "rollback", "none"]
 HACKING_ACTIONS: tuple[str, ...] = get_args(HackingAction)
 DEFAULT_HACKING_SIGNALS = ["length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence"]
+ROLLBACK_RULES = ("kl_hard", "val_drop", "hacking", "length_collapse")  # the rules that roll back
+REANCHOR_RULES = ("val_drop", "hacking", "length_collapse")
 
 # the rules most fields share
 _POSITIVE, _SHARE, _TOLERANCE = greater(0), interval("(0, 1]"), at_least(0)
@@ -85,6 +87,8 @@ class GuardConfig:
     reanchor_rollbacks: int = opt(
         1, "Only the first N rollbacks re-anchor the reference (at 3 the demo's reference moved into the leak)",
         rule=_COUNT)
+    reanchor_rules: list[str] = opt(
+        list(REANCHOR_RULES), "Rollbacks by these rules may re-anchor (not kl_hard: the restored policy had strayed)")
 
     nonfinite_patience: int = opt(
         0, "Consecutive steps with a NaN/inf grad norm, loss, KL or score: pause (0: off, the trainer skips them)",
@@ -121,7 +125,8 @@ class GuardConfig:
     )
     stable_length_window: int = opt(5, "Steps in that recent mean length", rule=_STEPS)
     stable_kl_share: float = opt(
-        1.0, "KL to the reference above this share of kl_hard_limit: no rollback target", rule=interval("(0, 1]"))
+        0.5, "KL to the reference above this share of kl_hard_limit: no rollback target (headroom once restored)",
+        rule=interval("(0, 1]"))
     length_corr_max: float = opt(
         1.0, "hacking/length_reward_corr above this while length grows: hacking signal (1 = off)",
         rule=interval("[-1, 1]"),
@@ -171,6 +176,9 @@ class GuardConfig:
         for name in self.hacking_signals:
             if name not in HACK_SIGNALS:
                 fail(f"{key}.hacking_signals", name, f"is not a signal; known: {', '.join(HACK_SIGNALS)}")
+        for name in self.reanchor_rules:
+            if name not in ROLLBACK_RULES:
+                fail(f"{key}.reanchor_rules", name, f"is not a rule that rolls back; known: {', '.join(ROLLBACK_RULES)}")
         if self.spike_min_history > self.spike_window:
             fail(f"{key}.spike_min_history", self.spike_min_history, f"must be <= spike_window ({self.spike_window})")
 

@@ -201,6 +201,7 @@ class KLGuard:
                            "tightening again.", metric, value, threshold, None, None, step, rule)]
         st.rollbacks += 1
         st.calm_since_rollback = 0
+        st.rollback_rule = rule
         out = [Action("rollback", f"{why}: roll back to the last stable checkpoint (rollback {st.rollbacks} of "
                       f"{cfg.max_rollbacks}).", metric, value, threshold, st.rollbacks - 1, st.rollbacks, step, rule)]
         tighten = [rules.lower_target_kl(cfg, st, step, rule, "After a rollback", metric, value, threshold),
@@ -264,7 +265,8 @@ class KLGuard:
         if not self.cfg.enable:
             return []
         out = []
-        reanchor = self.cfg.reanchor_on_rollback and st.rollbacks <= self.cfg.reanchor_rollbacks
+        reanchor = (self.cfg.reanchor_on_rollback and st.rollbacks <= self.cfg.reanchor_rollbacks
+                    and (st.rollback_rule is None or st.rollback_rule in self.cfg.reanchor_rules))
         if reanchor and to_step != st.reference_step:
             out.append(Action("reanchor_reference", f"After the rollback: the reference becomes the policy of step "
                               f"{to_step} (was step {st.reference_step}).", None, None, None, st.reference_step,

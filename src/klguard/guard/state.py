@@ -30,6 +30,7 @@ class GuardState:
     rollbacks: int = 0
     calm_since_rollback: int = 0  # guard/stable steps since the last rollback (its tightening held at hold_steps)
     reference_step: int = 0  # the step whose weights the reference holds (0: the initial policy)
+    rollback_rule: str | None = None  # the rule that triggered the last rollback
     frozen: bool = False
     resume_kl_coef: float | None = None
     # Windows and streaks
