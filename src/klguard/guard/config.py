@@ -178,7 +178,8 @@ class GuardConfig:
                 fail(f"{key}.hacking_signals", name, f"is not a signal; known: {', '.join(HACK_SIGNALS)}")
         for name in self.reanchor_rules:
             if name not in ROLLBACK_RULES:
-                fail(f"{key}.reanchor_rules", name, f"is not a rule that rolls back; known: {', '.join(ROLLBACK_RULES)}")
+                fail(f"{key}.reanchor_rules", name,
+                     f"is not a rule that rolls back; known: {', '.join(ROLLBACK_RULES)}")
         if self.spike_min_history > self.spike_window:
             fail(f"{key}.spike_min_history", self.spike_min_history, f"must be <= spike_window ({self.spike_window})")
 
