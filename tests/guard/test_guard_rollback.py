@@ -220,7 +220,7 @@ def test_a_kl_hard_rollback_keeps_the_reference_and_a_validation_rollback_moves_
 
 
 def test_only_the_first_reanchor_rollbacks_move_the_reference() -> None:
-    d = make(reanchor_on_rollback=True, reanchor_rules=["kl_hard"], hold_steps=0)
+    d = make(reanchor_on_rollback=True, reanchor_rules=["kl_hard"], reanchor_rollbacks=1, hold_steps=0)
     d.run(steps({4: HARD}, 4))
     assert [a.kind for a in d.guard.on_rollback(3)] == ["reanchor_reference"]
     d.run(steps({9: HARD}, 9, start=5))

@@ -19,7 +19,7 @@ HackingAction = Literal["raise_kl_coef", "rollback", "none"]
 HACKING_ACTIONS: tuple[str, ...] = get_args(HackingAction)
 DEFAULT_HACKING_SIGNALS = ["length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence"]
 ROLLBACK_RULES = ("kl_hard", "val_drop", "hacking", "length_collapse")  # the rules that roll back
-REANCHOR_RULES = ("val_drop", "hacking", "length_collapse")
+REANCHOR_RULES = tuple(r for r in ROLLBACK_RULES if r != "kl_hard")  # a policy past the KL limit is no reference
 
 # the rules most fields share
 _POSITIVE, _SHARE, _TOLERANCE = greater(0), interval("(0, 1]"), at_least(0)
