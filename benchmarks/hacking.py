@@ -92,6 +92,10 @@ ORACLE_POOL = ("fixed_0.03", "fixed_0.1", "fixed_0.3", "fixed_1.0")
 """Fixed betas, guard off: the best of them per cell (by final gold) is what a user could only find by sweeping."""
 
 
+EXPLOITS = ("length", "learned_rm")
+"""proxy_reward.kind of each exploit, in the order the tables show them."""
+
+
 @dataclass(frozen=True)
 class Cell:
     """One (exploit, SFT policy) pair of the matrix."""
@@ -110,7 +114,7 @@ class Cell:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--exploits", nargs="+", choices=("length", "learned_rm"), default=["length", "learned_rm"])
+    parser.add_argument("--exploits", nargs="+", choices=EXPLOITS, default=list(EXPLOITS))
     parser.add_argument("--sft-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="PPO seeds (trainer.seed)")
     parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), help="run only these contenders")
@@ -188,9 +192,9 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
             runs = old.get("runs", {})
     runs.update(per_run)
     grouped: dict[str, dict[str, list[dict]]] = {}
-    for label, figures in runs.items():
+    for label, figures in sorted(runs.items(), key=lambda run: (EXPLOITS.index(run[0].split("/")[0]), run[0])):
         cell, name = _cell_and_contender(label)
-        grouped.setdefault(cell, {}).setdefault(name, []).append(figures)
+        grouped.setdefault(cell, {}).setdefault(name, []).append(figures | {"seed": int(label.rsplit("_s", 1)[1])})
     keys = (*[f[0] for f in FIGURES], "guard_actions", "steps")
     means = {cell: {name: {key: _mean([r[key] for r in rs]) for key in keys} | {"seeds": len(rs)}
                     for name, rs in by_name.items()} for cell, by_name in grouped.items()}
@@ -225,7 +229,7 @@ def _targets(means: dict, runs: dict[str, list[dict]], sft_rate: float | None = 
     hack, verl_hack = g["hacking_rate"], verl.get("hacking_rate")
     sft = sft_rate if sft_rate is not None else _mean([r.get("first_hacking_rate") for r in runs["guarded"]])
     bound = None if sft is None else max(0.05, sft + 0.02)
-    return _no_gold(means, pool[oracle]) | {
+    return _no_gold(means, pool[oracle]) | {"paired": _paired_gaps(runs, oracle)} | {
         "oracle": oracle, "oracle_final_gold": pool[oracle], "guarded_final_gold": g["final_gold"],
         "gold_within_0.01": g["final_gold"] is not None and g["final_gold"] >= pool[oracle] - 0.01,
         "guarded_hacking": hack, "verl_hacking": verl_hack, "sft_hacking": sft, "hacking_bound": bound,
@@ -245,6 +249,22 @@ def _no_gold(means: dict, oracle_gold: float) -> dict:
     with_gold = means["guarded"]["final_gold"]
     return {"no_gold_final_gold": gold, "no_gold_within_0.02_of_oracle": gold >= oracle_gold - 0.02,
             "no_gold_within_0.02_of_guarded": with_gold is not None and abs(gold - with_gold) <= 0.02}
+
+
+def _paired_gaps(runs: dict[str, list[dict]], oracle: str) -> dict:
+    """Final gold of the guard (with and without gold) minus the oracle's, PPO seed by PPO seed (a seed shares its
+    prompts across contenders, so the pairs cancel the prompt draw): mean, standard error and seeds paired."""
+    pairs = {"guarded - oracle": ("guarded", oracle), "no_gold - oracle": ("guarded_no_gold", oracle),
+             "no_gold - guarded": ("guarded_no_gold", "guarded")}
+    out = {}
+    for key, (a, b) in pairs.items():
+        gold = {n: {r["seed"]: r["final_gold"] for r in runs.get(n, []) if "seed" in r and r["final_gold"] is not None}
+                for n in (a, b)}
+        gaps = [gold[a][s] - gold[b][s] for s in sorted(gold[a].keys() & gold[b].keys())]
+        if gaps:
+            se = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else None
+            out[key] = {"mean": statistics.fmean(gaps), "se": se, "seeds": len(gaps)}
+    return out
 
 
 def _mean(values):

@@ -129,12 +129,22 @@ def matrix_overview() -> str:
                      g4(t["verl_hacking"]), g4(guarded["final_kl_coef"]),
                      f"{t.get('guarded_paused', '-')} of {t.get('guarded_runs', '-')}",
                      "yes" if t["gold_within_0.01"] else "no", g4(t.get("no_gold_final_gold")),
-                     yes_no(t.get("no_gold_within_0.02_of_oracle")), yes_no(t.get("no_gold_within_0.02_of_guarded"))])
+                     yes_no(t.get("no_gold_within_0.02_of_oracle")), yes_no(t.get("no_gold_within_0.02_of_guarded")),
+                     *(gap(t.get("paired", {}).get(key)) for key in ("guarded - oracle", "no_gold - oracle"))])
     head = ["cell", "guarded final gold", "best fixed beta (final gold)", "verl default final gold",
             "guarded hacking (rollouts)", "SFT policy's own hacking", "verl hacking", "guarded final beta",
             "guarded runs paused", "gold >= best fixed - 0.01", "no gold: final gold", "no gold >= best fixed - 0.02",
-            "no gold within 0.02 of guarded"]
+            "no gold within 0.02 of guarded", "guarded - best fixed, seed by seed (mean +- SE, seeds)",
+            "no gold - best fixed, seed by seed"]
     return table(head, rows)
+
+
+def gap(paired: dict | None) -> str:
+    """A paired difference of final gold: mean +- its standard error over the PPO seeds both contenders ran."""
+    if not paired:
+        return "-"
+    se = "" if paired["se"] is None else f" +- {paired['se']:.3f}"
+    return f"{paired['mean']:+.3f}{se} ({paired['seeds']})"
 
 
 def headline() -> str:

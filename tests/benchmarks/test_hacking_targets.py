@@ -47,3 +47,23 @@ def test_the_guard_without_gold_is_held_to_the_oracle_minus_0_02_and_to_the_guar
     # better than the guard with gold by more than 0.02: above the oracle, but not "within 0.02" of the guarded run
     high = hacking._targets(_means(0.70, 0.80), RUNS)
     assert high["no_gold_within_0.02_of_oracle"] is True and high["no_gold_within_0.02_of_guarded"] is False
+
+
+def test_the_paired_gaps_are_taken_seed_by_seed_over_the_seeds_both_contenders_ran():
+    runs = {"guarded": [{"seed": 1, "final_gold": 0.9}, {"seed": 2, "final_gold": 0.8}, {"seed": 3, "final_gold": 0.7}],
+            "guarded_no_gold": [{"seed": 1, "final_gold": 0.86}, {"seed": 2, "final_gold": 0.84}],
+            "fixed_1.0": [{"seed": 1, "final_gold": 0.92}, {"seed": 2, "final_gold": 0.81}]}
+    paired = hacking._targets(_means(0.85, 0.85), runs)["paired"]
+    gap = paired["guarded - oracle"]  # seed 3 has no oracle run: two pairs, -0.02 and -0.01
+    assert gap["seeds"] == 2 and abs(gap["mean"] + 0.015) < 1e-9
+    assert abs(gap["se"] - 0.005) < 1e-9  # stdev(-0.02, -0.01) / sqrt(2)
+    assert abs(paired["no_gold - guarded"]["mean"] - 0.0) < 1e-9  # -0.04 and +0.04
+    assert abs(paired["no_gold - oracle"]["mean"] - (-0.015)) < 1e-9
+
+
+def test_a_cell_with_one_paired_seed_has_no_standard_error_and_a_cell_without_seeds_has_no_pairs():
+    runs = {"guarded": [{"seed": 1, "final_gold": 0.9}], "fixed_1.0": [{"seed": 1, "final_gold": 0.8}]}
+    one = hacking._targets(_means(0.9, None), runs)["paired"]
+    assert one["guarded - oracle"]["seeds"] == 1 and one["guarded - oracle"]["se"] is None
+    assert "no_gold - oracle" not in one
+    assert hacking._targets(_means(0.9, None), RUNS)["paired"] == {}
