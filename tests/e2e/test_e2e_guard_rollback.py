@@ -100,3 +100,47 @@ def test_resumed_run_takes_the_same_guard_decisions(fast_overrides, tmp_path):
     assert any(e["kind"] == "raise_kl_coef" for e in straight)
     assert events("resumed") == straight
     assert coefficients("resumed") == coefficients("straight")
+
+
+def test_a_rollback_at_the_last_step_is_validated_again_so_the_final_gold_describes_the_written_weights(
+        fast_overrides, tmp_path):
+    quiet = ["guard.penalty_share_max=1000", "guard.hacking_action=none", "guard.length_growth_max=100",
+             "guard.length_corr_max=1.0", "guard.ppo_kl_max=1000"]
+    cfg = load_config(None, [*fast_overrides, *quiet, "guard.enable=true", "trainer.save_freq=1",
+                             "trainer.test_freq=-1", "trainer.val_before_train=false",
+                             "trainer.total_training_steps=4"]).config
+    trainer = PPOTrainer(cfg, task=TASK, log=lambda msg: None)
+    normal_lr = cfg.actor_rollout_ref.actor.optim.lr
+
+    def sabotage(step: int, metrics: dict) -> None:  # step 3 blows up; step 4, the last, measures it and rolls back
+        lr = 0.05 if step == 2 else normal_lr
+        trainer.state.actor_sched.base_lrs = [lr]
+        for group in trainer.state.actor_optim.param_groups:
+            group["lr"] = lr
+
+    order: list[str] = []
+    rollback, validate = trainer.checkpoints.rollback_to, trainer.validate
+
+    def restore_spy(step, state):
+        order.append("restore")
+        return rollback(step, state)
+
+    def validate_spy():
+        order.append("validate")
+        return validate() | {"val-core/test/call": float(order.count("validate"))}
+
+    trainer.checkpoints.rollback_to, trainer.validate = restore_spy, validate_spy
+
+    logged: dict[int, dict] = {}
+
+    class Tracker:
+        def log(self, metrics, step):
+            logged[step] = dict(metrics)
+
+    trainer.fit(Tracker(), progress=sabotage)
+    assert trainer.state.step == 4
+    assert order == ["validate", "restore", "validate"]  # step 4's validation, the rollback, then the restored one
+    assert logged[4]["val-core/test/call"] == 2.0
+    saved = load_file(trainer.checkpoints.manager.path(4) / "actor" / "model.safetensors")
+    for name, tensor in trainer.state.actor.state_dict().items():  # the weights validated last are the ones written
+        assert torch.equal(saved[name], tensor), name

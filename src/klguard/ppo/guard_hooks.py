@@ -41,6 +41,7 @@ class GuardHooks:
         self.configured_grad_clip = cfg.actor_rollout_ref.actor.grad_clip
         self.events_path = Path(run_dir) / "events.jsonl"
         self.writes = writes
+        self.restored = False  # this step's actions restored weights (a checkpoint's or the initial policy)
 
     # ------------------------------------------------------------------ what the loop reads
     @property
@@ -56,6 +57,7 @@ class GuardHooks:
     def observe(self, step: int, metrics: dict[str, float], *, measured: bool = True) -> dict[str, float]:
         """Feed one step's metrics to the guard, apply its actions, return the `guard/*` metrics. `measured`: the
         step measured the weights it started from (it was not skipped)."""
+        self.restored = False
         self.session.observe(step, metrics, measured=measured)
         return self.session.guard_metrics()
 
@@ -100,10 +102,12 @@ class GuardHooks:
         restored = self.checkpoints.rollback_to(step, self.state)
         if restored is not None:
             self.state.apply_lr_scale(self.kl_guard.lr_scale)
+            self.restored = True
         return restored
 
     def restore_reference(self, reference_step: int) -> int | None:
         """The initial policy, loaded again from its folder (whatever the reference holds now)."""
+        self.restored = True
         return self.checkpoints.rollback_to_initial(self.state)
 
     def reanchor_reference(self, step: int) -> None:

@@ -340,6 +340,9 @@ class PPOTrainer:
             skipped = bool(metrics["training/nonfinite_skipped"])
             nonfinite_run = nonfinite_run + 1 if skipped else 0
             metrics |= self.guard.observe(step, metrics, measured=not skipped)
+            if self.guard.restored and (is_last or self.guard.pause_reason):  # the run ends on restored weights:
+                with phase("validate"):  # its last validation describes them, the checkpoint it writes
+                    metrics |= self.validate()
             if tr.debug:
                 self.check_ranks(step, metrics)
             if 0 < tr.max_nonfinite_steps <= nonfinite_run and self.guard.pause_reason is None:
