@@ -178,9 +178,11 @@ def _figures(run_dir: Path, label: str) -> dict:
                       "first_hacking_rate": hacking[0] if hacking else None}
 
 
-def _cell_and_contender(label: str) -> tuple[str, str]:
+def _parse_label(label: str) -> tuple[str, str, int]:
+    """`<exploit>/sft<k>/<contender>_s<seed>` -> (cell, contender, PPO seed)."""
     cell, run = label.rsplit("/", 1)
-    return cell, run.rsplit("_s", 1)[0]
+    name, seed = run.rsplit("_s", 1)
+    return cell, name, int(seed)
 
 
 def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
@@ -193,8 +195,8 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
     runs.update(per_run)
     grouped: dict[str, dict[str, list[dict]]] = {}
     for label, figures in sorted(runs.items(), key=lambda run: (EXPLOITS.index(run[0].split("/")[0]), run[0])):
-        cell, name = _cell_and_contender(label)
-        grouped.setdefault(cell, {}).setdefault(name, []).append(figures | {"seed": int(label.rsplit("_s", 1)[1])})
+        cell, name, seed = _parse_label(label)
+        grouped.setdefault(cell, {}).setdefault(name, []).append(figures | {"seed": seed})
     keys = (*[f[0] for f in FIGURES], "guard_actions", "steps")
     means = {cell: {name: {key: _mean([r[key] for r in rs]) for key in keys} | {"seeds": len(rs)}
                     for name, rs in by_name.items()} for cell, by_name in grouped.items()}

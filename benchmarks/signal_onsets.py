@@ -1,6 +1,7 @@
 """When each gold-free hacking signal fires, against the validation gold it cannot see.
 
     python benchmarks/signal_onsets.py benchmarks/results/hacking   # every run directory under it
+    python benchmarks/signal_onsets.py OUT/hacking --set kl_growth_min=0.5   # one guard threshold changed
 
 Each run's logged metrics are replayed through a fresh guard that measures every signal and acts on none
 (`guard.hacking_signals` = all, `hacking_action=none`), at the guard's default thresholds, so a run trained with
@@ -15,6 +16,7 @@ runs (benchmarks/results/signal_onsets.json, beside hacking.json).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -112,6 +114,22 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:g}"
 
 
+def _thresholds(parser: argparse.ArgumentParser, pairs: list[str]) -> dict[str, float]:
+    """`--set KEY=VALUE` pairs as guard keyword arguments; a key GuardConfig lacks or a value that is no number
+    ends the command with one line naming it."""
+    known = {f.name for f in dataclasses.fields(GuardConfig)}
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in known:
+            parser.error(f"--set {pair}: guard.{key} is not a guard key")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            parser.error(f"--set {pair}: guard.{key} needs a number")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="a folder of run directories (benchmarks/hacking.py's OUT/hacking)")
@@ -119,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the validation score the replayed guard reads (guard.val_metric; default {VAL_METRIC}, "
                         f"gold on the built-in task; {NO_GOLD}: the reward's own score, so proxy_val_divergence "
                         "reads no gold)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="guard thresholds (guard.KEY, a number) the replayed guard uses instead of its defaults")
     args = parser.parse_args(argv)
-    runs = collect(args.root, val_metric=args.val_metric)
+    thresholds = _thresholds(parser, args.set)
+    runs = collect(args.root, val_metric=args.val_metric, **thresholds)
     gold_free = tuple(n for n in HACK_SIGNALS if n != "proxy_val_divergence" or args.val_metric != VAL_METRIC)
     if not runs:
         print(f"no guard-off run directories under {args.root}", file=sys.stderr)
@@ -128,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     by_group: dict[str, dict[str, dict]] = {}
     for label, run in runs.items():
         by_group.setdefault(label.split("/")[0], {})[label] = run
-    result = {"fall": FALL, "val_metric": args.val_metric, "any_of": list(gold_free), "runs": runs,
-              "summary": {g: summarize(rs, gold_free) for g, rs in by_group.items()}}
+    result = {"fall": FALL, "val_metric": args.val_metric, "any_of": list(gold_free)} | (
+        {"thresholds": thresholds} if thresholds else {}) | {
+        "runs": runs, "summary": {g: summarize(rs, gold_free) for g, rs in by_group.items()}}
     for group, summary in result["summary"].items():
         print_table(summary, f"signals on {group} ({len(by_group[group])} guard-off runs)")
     out = args.root.parent / "signal_onsets.json"  # beside hacking.json

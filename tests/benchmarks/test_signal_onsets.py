@@ -3,10 +3,13 @@ summary's leads and false alarms."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "signal_onsets.py"
 _spec = importlib.util.spec_from_file_location("bench_signal_onsets", _PATH)
@@ -67,3 +70,14 @@ def test_the_replayed_guard_reads_the_validation_metric_it_is_given(tmp_path) ->
     # gold: steps 20 and 30 fell while the training score rose over the interval before (step 10 has no interval)
     assert onsets.replay(path)["onsets"]["proxy_val_divergence"] == 30
     assert onsets.replay(path, val_metric=onsets.NO_GOLD)["onsets"]["proxy_val_divergence"] is None
+
+
+def test_set_replaces_a_guard_threshold_and_a_bad_key_or_value_ends_with_one_line(tmp_path, capsys) -> None:
+    gold = {0: 0.7, 10: 0.8, 20: 0.9, 30: 0.85, 40: 0.5, 50: 0.2, 60: 0.1}
+    run = _write(tmp_path / "a.jsonl", gold, length_from=35)
+    assert onsets.replay(run, length_growth_max=3.0)["onsets"]["length_growth"] is None  # 2x the baseline, under 3x
+    assert onsets._thresholds(argparse.ArgumentParser(), ["length_growth_max=3"]) == {"length_growth_max": 3.0}
+    for bad, says in (("spike=1", "guard.spike is not a guard key"), ("kl_growth_min=low", "needs a number")):
+        with pytest.raises(SystemExit) as exit_:
+            onsets.main([str(tmp_path), "--set", bad])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
