@@ -28,6 +28,23 @@ def test_k1_penalty_in_the_reward():
     # token means per sequence: 0.125 and 0.1 -> 0.1125; sums 0.25 and 0.1 -> 0.175
     assert math.isclose(out.kl_token_mean.item(), 0.1125, rel_tol=1e-6)
     assert math.isclose(out.kl_seq_sum.item(), 0.175, rel_tol=1e-6)
+    # every response token weighs the same: (0.5 - 0.25 + 0.1) / 3 tokens
+    assert math.isclose(out.kl_batch_token_mean.item(), 0.35 / 3, rel_tol=1e-6)
+
+
+def test_batch_token_mean_sees_a_long_minority_the_mean_of_token_means_cancels():
+    # 1 run-on response of 8 tokens with KL 0.5 on its first (skipped EOS) token; 3 short ones at -0.05 per token
+    d = torch.zeros(4, 8)
+    d[0, 0] = 0.5
+    d[1:, :2] = -0.05
+    mask = torch.zeros(4, 8)
+    mask[0] = 1.0
+    mask[1:, :2] = 1.0
+    scores = token_level_scores(torch.ones(4), torch.tensor([8, 2, 2, 2]), mask)
+    out = shape_rewards(scores, d, torch.zeros(4, 8), mask, estimator="kl", beta=0.0, kl_in_reward=True)
+    # sequence token means 0.0625, -0.05, -0.05, -0.05 -> -0.021875; the batch: (0.5 - 0.3) / 14 tokens
+    assert math.isclose(out.kl_token_mean.item(), -0.021875, rel_tol=1e-5)
+    assert math.isclose(out.kl_batch_token_mean.item(), 0.2 / 14, rel_tol=1e-5)
 
 
 def test_kl_outside_the_reward_leaves_the_scores():

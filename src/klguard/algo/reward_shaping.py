@@ -3,8 +3,9 @@
 With ``use_kl_in_reward`` (verl's ``algorithm.use_kl_in_reward``) the reward of response token t is
 ``score * [t is last] - beta * KL_t``, where ``KL_t`` is a per-token estimate of KL(pi || pi_ref) at the sampled
 token (``klguard.algo.kl.kl_penalty``). The KL statistics the controller and the metrics read come out with it:
-the mean over sequences of each sequence's mean token KL (verl's ``actor/reward_kl_penalty``) and the mean
-per-sequence KL sum (what TRL's controller sees).
+the mean over sequences of each sequence's mean token KL (verl's ``actor/reward_kl_penalty``), the mean
+per-sequence KL sum (what TRL's controller sees) and the KL per token of the whole batch (every sampled token weighs
+the same, so the KL of a few long responses is not averaged away by the short ones).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ShapedRewards(NamedTuple):
     kl: Tensor  # [B, R]: per-token KL estimate, 0 outside the response mask
     kl_token_mean: Tensor  # scalar: mean over sequences of the mean token KL of each
     kl_seq_sum: Tensor  # scalar: mean over sequences of the summed token KL of each
+    kl_batch_token_mean: Tensor  # scalar: the batch's summed token KL over its number of response tokens
 
 
 def shape_rewards(token_scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, *,
@@ -41,8 +43,9 @@ def shape_rewards(token_scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, 
     kl = kl_penalty(logprobs, ref_logprobs, estimator) * response_mask
     token_mean = masked_mean(kl, response_mask, dim=-1).mean()
     seq_sum = kl.sum(-1).mean()
+    batch_token_mean = kl.sum() / response_mask.sum().clamp(min=1)
     rewards = token_scores - beta * kl if kl_in_reward else token_scores
-    return ShapedRewards(rewards, kl, token_mean, seq_sum)
+    return ShapedRewards(rewards, kl, token_mean, seq_sum, batch_token_mean)
 
 
 def overlong_penalty(response_lengths: Tensor, max_resp_len: int, buffer_len: int, penalty_factor: float) -> Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from klguard.config.schema import Config
 from klguard.config.schema_policy import ACTOR_TP_KEY
 from klguard.fields import fail
+from klguard.guard.signals import KL_UNIT_METRICS, REF_KL
 
 ROLES = ("actor", "ref", "critic")
 _TP_SUFFIX = ".turbo_config.distributed.tensor_parallel_size"
@@ -42,6 +43,13 @@ def steers_kl_loss(cfg: Config) -> bool:
 def kl_controlled(cfg: Config) -> bool:
     """Some coefficient is steered, and by a controller that pursues target_kl (not a fixed one)."""
     return cfg.algorithm.kl_ctrl.type != "fixed" and (cfg.algorithm.use_kl_in_reward or steers_kl_loss(cfg))
+
+
+def guard_kl_metric(cfg: Config) -> str:
+    """The per-token KL the guard's KL rules read: the controller's, when it steers on the batch's token mean;
+    else verl's mean over sequences of each one's token mean (a ``seq_sum`` target is not per token)."""
+    unit = cfg.algorithm.kl_ctrl.kl_unit
+    return KL_UNIT_METRICS[unit] if unit == "batch_token_mean" else REF_KL
 
 
 def initial_kl_coef(cfg: Config) -> float:

@@ -55,7 +55,7 @@ __all__ = ["BUILTIN_MODEL", "PROFILER_CONTENTS", "ActorConfig", "ActorRolloutRef
            "CustomRewardFunctionConfig", "GuardConfig", "LearnedRMConfig", "OptimConfig", "ProfilerContent",
            "ProxyRewardConfig", "RewardModelConfig", "SFTConfig"]
 
-KLUnit = Literal["token_mean", "seq_sum"]
+KLUnit = Literal["token_mean", "seq_sum", "batch_token_mean"]
 Logger = Literal["console", "jsonl", "file", "tensorboard", "wandb", "mlflow"]
 ResumeMode = Literal["auto", "disable", "resume_path"]
 Device = Literal["cpu", "cuda", "auto"]
@@ -117,7 +117,8 @@ class KLCtrlConfig:
         0.015, "Controller's KL target in kl_unit (verl: 0.1; 0.015: guard.default_target_kl up to 32 nodes)",
         rule=positive)
     kl_unit: KLUnit = opt("token_mean", "KL the controller sees: " + choices(
-        KLUnit, token_mean="verl, per token", seq_sum="per sequence, as TRL") + " (ours)")
+        KLUnit, token_mean="verl, per token", seq_sum="per sequence, as TRL",
+        batch_token_mean="per token, every token of the batch weighing the same") + " (ours)")
     kp: float = opt(0.5, "pid: proportional gain on log(KL / target)", rule=non_negative)
     ki: float = opt(0.1, "pid: integral gain on log(KL / target)", rule=non_negative)
     kd: float = opt(0.0, "pid: derivative gain", rule=non_negative)

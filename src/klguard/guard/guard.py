@@ -26,7 +26,7 @@ from klguard.guard import rules
 from klguard.guard.actions import Action
 from klguard.guard.config import GuardConfig, default_target_kl
 from klguard.guard.hacking import Evidence, describe, measure_hacking, restart_reference_baselines
-from klguard.guard.signals import LENGTH, Observation, read_metrics
+from klguard.guard.signals import LENGTH, REF_KL, Observation, read_metrics
 from klguard.guard.state import ALARMS, HACK_SIGNALS, GuardState
 
 _STEP_ALARMS = ("ppo_kl", "penalty_share", "grad_norm", "kl_hard", "kl_spike")
@@ -41,11 +41,13 @@ class KLGuard:
     ``target_kl`` defaults to `default_target_kl` for one node, ``kl_coef`` is learnt from
     ``actor/reward_kl_penalty_coeff`` when not given. ``kl_controlled=False`` says no controller
     pursues ``target_kl`` (a fixed coefficient): the slow-control rule, which speeds up a
-    controller, then stays off instead of acting as a second, ratcheting controller.
+    controller, then stays off instead of acting as a second, ratcheting controller. ``kl_metric`` names the
+    per-token KL the KL rules read when a step has it (the one the controller steers on).
     """
 
     def __init__(self, cfg: GuardConfig, *, total_steps: int, target_kl: float | None = None,
-                 kl_coef: float | None = None, kl_controlled: bool = True) -> None:
+                 kl_coef: float | None = None, kl_controlled: bool = True,
+                 kl_metric: str = REF_KL) -> None:
         cfg.validate()
         if total_steps < 0:
             raise ValueError(f"total_steps must be >= 0, got {total_steps}")
@@ -56,6 +58,7 @@ class KLGuard:
             raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
         self.cfg = cfg
         self.kl_controlled = kl_controlled
+        self.kl_metric = kl_metric
         self.total_steps = int(total_steps)
         self.warmup_steps = int(cfg.warmup_ratio * self.total_steps)
         self._st = GuardState(target_kl=target, kl_coef=None if kl_coef is None else float(kl_coef))
@@ -136,7 +139,7 @@ class KLGuard:
         if not self.cfg.enable:
             return []
         st, cfg = self._st, self.cfg
-        obs = read_metrics(metrics, cfg.val_metric)
+        obs = read_metrics(metrics, cfg.val_metric, self.kl_metric)
         if obs.kl_coef is not None:
             st.kl_coef = obs.kl_coef
         st.last_step = step

@@ -17,6 +17,9 @@ REF_KL_LOSS = "actor/kl_loss"
 KL_COEF = "actor/reward_kl_penalty_coeff"
 KL_LOSS_COEF = "actor/kl_coef"
 KL_SEQ_SUM = "actor/kl_seq_sum"
+KL_BATCH_TOKEN_MEAN = "actor/kl_batch_token_mean"
+KL_UNIT_METRICS = {"token_mean": REF_KL, "seq_sum": KL_SEQ_SUM, "batch_token_mean": KL_BATCH_TOKEN_MEAN}
+"""The metric that holds the batch KL in each of ``algorithm.kl_ctrl.kl_unit``'s units."""
 SCORE = "critic/score/mean"
 SCORE_MIN, SCORE_MAX = "critic/score/min", "critic/score/max"
 GRAD_NORM = "actor/grad_norm"
@@ -35,9 +38,9 @@ AUDIT_SCORE, AUDIT_SCORE_STD = "hacking/audit_score", "hacking/audit_score_std"
 VAL_METRIC = "val-core/*/acc/*"
 """The validation score the guard reads by default (guard.val_metric): the task's accuracy, gold where it has one."""
 
-INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM, SCORE, SCORE_MIN,
-                                  SCORE_MAX, GRAD_NORM, GRAD_CLIP, LR, LENGTH, ENTROPY, LENGTH_CORR, REPETITION,
-                                  RM_SPREAD, REF_LOW_PROB, REF_NLL, RM_OUTLIER, RM_SCORE, RM_SCORE_STD,
+INPUT_METRICS: tuple[str, ...] = (PPO_KL, REF_KL, KL_BATCH_TOKEN_MEAN, REF_KL_LOSS, KL_COEF, KL_LOSS_COEF, KL_SEQ_SUM,
+                                  SCORE, SCORE_MIN, SCORE_MAX, GRAD_NORM, GRAD_CLIP, LR, LENGTH, ENTROPY, LENGTH_CORR,
+                                  REPETITION, RM_SPREAD, REF_LOW_PROB, REF_NLL, RM_OUTLIER, RM_SCORE, RM_SCORE_STD,
                                   AUDIT_SCORE, AUDIT_SCORE_STD, VAL_METRIC)
 """Every metric the guard reads."""
 
@@ -91,12 +94,14 @@ def validation_score(metrics: Mapping[str, float], pattern: str = VAL_METRIC) ->
     return sum(found) / len(found) if found else None
 
 
-def read_metrics(metrics: Mapping[str, float], val_metric: str = VAL_METRIC) -> Observation:
+def read_metrics(metrics: Mapping[str, float], val_metric: str = VAL_METRIC, kl_metric: str = REF_KL) -> Observation:
     """Extract the guard's inputs (the validation score: the mean of the metrics matching ``val_metric``).
-    The reference KL is ``actor/reward_kl_penalty`` (KL in the reward), else ``actor/kl_loss`` (KL as a loss),
-    both per-token means; the coefficient is ``actor/reward_kl_penalty_coeff``, else (KL as a loss only)
-    ``actor/kl_coef``."""
-    kl, kl_name, kl_coef = _get(metrics, REF_KL), REF_KL, _get(metrics, KL_COEF)
+    The reference KL is ``kl_metric`` when the step has it, else ``actor/reward_kl_penalty`` (KL in the reward),
+    else ``actor/kl_loss`` (KL as a loss), all per-token means; the coefficient is
+    ``actor/reward_kl_penalty_coeff``, else (KL as a loss only) ``actor/kl_coef``."""
+    kl, kl_name, kl_coef = _get(metrics, kl_metric), kl_metric, _get(metrics, KL_COEF)
+    if kl is None:
+        kl, kl_name = _get(metrics, REF_KL), REF_KL
     if kl is None:
         kl, kl_name = _get(metrics, REF_KL_LOSS), REF_KL_LOSS
         kl_coef = _get(metrics, KL_LOSS_COEF) if kl_coef is None else kl_coef

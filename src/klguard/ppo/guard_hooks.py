@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klguard.config.roles import initial_kl_coef, kl_controlled
+from klguard.config.roles import guard_kl_metric, initial_kl_coef, kl_controlled
 from klguard.distributed.sharded_checkpoint import copy_weights
 from klguard.guard import GuardSession, HostKeys, KLGuard
 from klguard.runtime.events import append_event
@@ -36,7 +36,8 @@ class GuardHooks:
         self.state, self.checkpoints, self.log = state, checkpoints, log
         # the guard holds the lr scale, the gradient clip, the warm-up's freeze and the reference's step
         self.kl_guard = KLGuard(cfg.guard, total_steps=total_steps, target_kl=cfg.algorithm.kl_ctrl.target_kl,
-                                kl_coef=initial_kl_coef(cfg), kl_controlled=kl_controlled(cfg))
+                                kl_coef=initial_kl_coef(cfg), kl_controlled=kl_controlled(cfg),
+                                kl_metric=guard_kl_metric(cfg))
         self.session = GuardSession(self.kl_guard, self, TRAINER_KEYS)
         self.configured_grad_clip = cfg.actor_rollout_ref.actor.grad_clip
         self.events_path = Path(run_dir) / "events.jsonl"

@@ -30,6 +30,7 @@ from klguard.data.sampler import PromptSampler
 from klguard.distributed import RowLayout, any_rank, assert_same_across_ranks, gather_objects, init_distributed
 from klguard.distributed.context import world_size_from_env
 from klguard.distributed.fsdp import local_numel
+from klguard.guard.signals import KL_BATCH_TOKEN_MEAN, KL_UNIT_METRICS
 from klguard.model.loading import load_tokenizer, precision_scope
 from klguard.ppo.checkpointing import Checkpoints
 from klguard.ppo.guard_hooks import GuardHooks
@@ -231,6 +232,7 @@ class PPOTrainer:
         return shaped.token_rewards, {"actor/reward_kl_penalty": shaped.kl_token_mean.item(),
                                       "actor/reward_kl_penalty_coeff": beta,
                                       "actor/kl_seq_sum": shaped.kl_seq_sum.item(),
+                                      KL_BATCH_TOKEN_MEAN: shaped.kl_batch_token_mean.item(),
                                       **support_metrics(ref_logprobs, mask, self.cfg.guard.support_prob_floor)}
 
     def _update_kl_controller(self, kl_metrics: dict[str, float], rows: int) -> None:
@@ -239,7 +241,7 @@ class PPOTrainer:
         alg = self.cfg.algorithm
         steered = alg.use_kl_in_reward or steers_kl_loss(self.cfg)
         if steered and not self.guard.kl_guard.kl_frozen:
-            kl = kl_metrics["actor/kl_seq_sum" if alg.kl_ctrl.kl_unit == "seq_sum" else "actor/reward_kl_penalty"]
+            kl = kl_metrics[KL_UNIT_METRICS[alg.kl_ctrl.kl_unit]]
             self.state.kl_ctrl.update(kl, n_steps=rows)
 
     def _values(self, layout: RowLayout, out: RolloutBatch, mask: Tensor) -> tuple[Tensor, Tensor | None]:

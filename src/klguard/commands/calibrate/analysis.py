@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from klguard.commands.report.runs import RunRecord
+from klguard.guard.signals import KL_UNIT_METRICS
 
-KL_METRIC = {"token_mean": "actor/reward_kl_penalty", "seq_sum": "actor/kl_seq_sum"}
+KL_METRIC = KL_UNIT_METRICS
 HACKING_METRIC = "hacking/rate"
 MIN_R2 = 0.3
 """A fit explaining less of the variance than this is reported but not used for the recommendation."""
