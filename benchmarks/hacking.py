@@ -65,7 +65,6 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     # the guard over the PI controller steering on the batch's KL per token (k1), target 0.015: every sampled token
     # weighs the same, so a minority of run-on responses is not averaged away by the short ones
     "guarded_pid_btm": (*GUARDED_DEFAULT, "algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.kl_unit=batch_token_mean"),
-    "guarded_pid_tm": (*GUARDED_DEFAULT, "algorithm.kl_ctrl.type=pid"),  # the same on verl's mean of token means
     # the guard with looser rollback targets: re-anchoring at every rollback, targets within 1.2x the baseline
     # length, the validation rules acting on one validation
     "guarded_loose": (*GUARDED_DEFAULT, "guard.stable_length_growth=0.2", "guard.reanchor_rollbacks=3",

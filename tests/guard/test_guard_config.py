@@ -26,7 +26,7 @@ def test_defaults_are_the_seed_values_except_the_calibrated_ones() -> None:
     assert (cfg.warmup_ratio, cfg.warmup_kl_coef, cfg.max_rollbacks) == (0.2, None, 3)
     # calibrated on the demo (docs/guard.md): each help names the value the demo measured against
     assert (cfg.penalty_share_max, cfg.kl_hard_limit, cfg.hacking_action) == (0.5, 0.1, "rollback")
-    assert (cfg.rollback_kl_coef_factor, cfg.rollback_lr_factor, cfg.length_growth_max) == (6.0, 0.5, 0.75)
+    assert (cfg.rollback_kl_coef_factor, cfg.rollback_lr_factor, cfg.length_growth_max) == (6.0, 0.5, 0.5)
     assert cfg.reanchor_on_rollback
     helps = {f.name: f.metadata["help"] for f in fields(GuardConfig)}
     assert "at 0.2 it ratcheted" in helps["penalty_share_max"] and "reaches 0.05" in helps["kl_hard_limit"]

@@ -34,6 +34,7 @@ def test_the_hard_limit_reads_the_batch_token_mean_when_the_controller_steers_on
 
 
 def test_the_trainer_hands_the_guard_the_controllers_per_token_kl():
-    assert guard_kl_metric(load_config(None, ["algorithm.kl_ctrl.kl_unit=batch_token_mean"]).config) == KL_BATCH_TOKEN_MEAN
+    steered = load_config(None, ["algorithm.kl_ctrl.kl_unit=batch_token_mean"]).config
+    assert guard_kl_metric(steered) == KL_BATCH_TOKEN_MEAN
     assert guard_kl_metric(load_config().config) == REF_KL
     assert guard_kl_metric(load_config(None, ["algorithm.kl_ctrl.kl_unit=seq_sum"]).config) == REF_KL  # not per token

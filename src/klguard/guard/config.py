@@ -117,7 +117,8 @@ class GuardConfig:
     # Rule 9: reward-hacking detector (no gold score needed)
     baseline_window: int = opt(10, "First steps averaged into the length/entropy baseline", rule=_STEPS)
     length_growth_max: float = opt(
-        0.75, "response_length/mean above (1 + this) x baseline: hacking signal", rule=_TOLERANCE
+        0.5, "response_length/mean above (1 + this) x baseline: hacking signal (at 0.75 a run-on minority leaked 0.26)",
+        rule=_TOLERANCE
     )
     stable_length_growth: float = opt(
         0.1, "Recent mean length above (1 + this) x baseline: no rollback target (0.2 re-anchored the demo to leaks)",
