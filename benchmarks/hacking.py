@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="train nothing: re-read the run directories already in OUT/hacking/")
     parser.add_argument("--skip-done", action="store_true",
                         help="train only the runs without a finished run directory (summary.json) in OUT/hacking/")
+    parser.add_argument("--sft-hacking", type=Path, default=SFT_HACKING,
+                        help="the SFT policies' own length-exploit hacking rates (benchmarks/sft_hacking.py --out); "
+                             "SFT policies trained on another machine need their own")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to every run (e.g. sft.cache_dir=DIR)")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     per_run = {job.label: _figures(job.run_dir, job.label) for _, job in jobs
                if not args.summarize_only or (job.run_dir / "summary.json").is_file()}
     result_file = out / "hacking.json"
-    result = _merge(result_file, per_run, args.overrides)
+    result = _merge(result_file, per_run, args.overrides, args.sft_hacking)
     result_file.write_text(json.dumps(result, indent=1))
     _print_tables(result)
     _print_overview(result)
@@ -188,7 +191,7 @@ def _parse_label(label: str) -> tuple[str, str, int]:
     return cell, name, int(seed)
 
 
-def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
+def _merge(result_file: Path, per_run: dict, overrides: list[str], sft_hacking: Path | None = None) -> dict:
     """Add this invocation's runs to the file's (same overrides only); means per cell and contender; targets."""
     runs: dict = {}
     if result_file.is_file():
@@ -206,19 +209,20 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str]) -> dict:
     names = {name for by_name in grouped.values() for name in by_name}
     return {"overrides": overrides, "contenders": {n: list(CONTENDERS[n]) for n in sorted(names) if n in CONTENDERS},
             "runs": dict(sorted(runs.items())), "means": means,
-            "targets": {cell: _targets(m, grouped[cell], _sft_rate(cell)) for cell, m in means.items()}}
+            "targets": {cell: _targets(m, grouped[cell], _sft_rate(cell, sft_hacking or SFT_HACKING))
+                        for cell, m in means.items()}}
 
 
 SFT_HACKING = Path(__file__).parent / "results" / "sft_hacking.json"
 
 
-def _sft_rate(cell: str) -> float | None:
-    """The SFT policy's own sampled hacking rate on the length exploit, from benchmarks/sft_hacking.py (1024 held-out
-    problems; None for the learned RM, or before that file is written)."""
+def _sft_rate(cell: str, path: Path = SFT_HACKING) -> float | None:
+    """The SFT policy's own sampled hacking rate on the length exploit, from benchmarks/sft_hacking.py's file `path`
+    (1024 held-out problems; None for the learned RM, or where that file or its SFT policy is missing)."""
     exploit, sft = cell.split("/")
-    if exploit != "length" or not SFT_HACKING.is_file():
+    if exploit != "length" or not path.is_file():
         return None
-    found = json.loads(SFT_HACKING.read_text())["results"].get(sft)
+    found = json.loads(path.read_text())["results"].get(sft)
     return None if found is None else found["sampled"]["hacking_rate"]
 
 

@@ -6,7 +6,7 @@ temperature 1 on `--prompts` held-out problems and counts the responses the prox
 correct answer while gold says wrong (`hacking/rate`'s rule), and scores greedy decoding with the gold rule.
 Writes ``benchmarks/results/sft_hacking.json``.
 
-    python benchmarks/sft_hacking.py [--sft-seeds 0 1 2] [--prompts 1024]
+    python benchmarks/sft_hacking.py [--sft-seeds 0 1 2] [--prompts 1024] [--out FILE]
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sft-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--prompts", type=int, default=1024)
+    parser.add_argument("--out", type=Path, default=OUT, help="results file (default: the committed one)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = {}
@@ -70,7 +71,7 @@ def main() -> None:
         print(f"SFT policy {seed}: sampled hacking {s['sampled']['hacking_rate']:.3f} "
               f"(+- {s['sampled']['hacking_rate_se']:.3f}), sampled gold {s['sampled']['gold']:.3f}, "
               f"greedy gold {s['greedy']['gold']:.3f}, greedy hacking {s['greedy']['hacking_rate']:.3f}")
-    OUT.write_text(json.dumps({"prompts": args.prompts, "results": results}, indent=1) + "\n")
+    args.out.write_text(json.dumps({"prompts": args.prompts, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

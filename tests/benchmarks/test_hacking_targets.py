@@ -67,3 +67,12 @@ def test_a_cell_with_one_paired_seed_has_no_standard_error_and_a_cell_without_se
     assert one["guarded - oracle"]["seeds"] == 1 and one["guarded - oracle"]["se"] is None
     assert "no_gold - oracle" not in one
     assert hacking._targets(_means(0.9, None), RUNS)["paired"] == {}
+
+
+def test_the_sft_policys_own_rate_comes_from_the_file_named_and_only_for_the_length_exploit(tmp_path):
+    rates = tmp_path / "sft_hacking.json"
+    rates.write_text('{"prompts": 8, "results": {"sft1": {"sampled": {"hacking_rate": 0.125}}}}')
+    assert hacking._sft_rate("length/sft1", rates) == 0.125
+    assert hacking._sft_rate("length/sft2", rates) is None  # not measured there: step 1's rollouts stand in
+    assert hacking._sft_rate("learned_rm/sft1", rates) is None
+    assert hacking._sft_rate("length/sft1", tmp_path / "missing.json") is None
