@@ -116,8 +116,8 @@ def demo_seeds() -> str:
 
 # --- the matrix: two exploits, three SFT policies ----------------------------------------------------------------
 
-def matrix_overview() -> str:
-    data = load("hacking.json")
+def matrix_overview(name: str = "hacking.json") -> str:
+    data = load(name)
     rows = []
     for cell, t in data["targets"].items():
         if not t:
@@ -176,8 +176,8 @@ def readme_text() -> str:
     return head + README_BEGIN + headline() + rest[rest.index(README_END):]
 
 
-def matrix_cells() -> str:
-    data = load("hacking.json")
+def matrix_cells(name: str = "hacking.json") -> str:
+    data = load(name)
     columns = ("final_gold", "best_gold", "hacking_rate", "val_hacking_rate", "final_kl_coef", "guard_actions",
                "steps")
     parts = []
@@ -435,6 +435,10 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "demo_seeds.md": ("benchmarks/results/hacking_demo_seeds.json", demo_seeds),
     "matrix_overview.md": ("benchmarks/results/hacking.json", matrix_overview),
     "matrix_cells.md": ("benchmarks/results/hacking.json", matrix_cells),
+    "replication_overview.md": ("benchmarks/results/hacking_replication.json",
+                                lambda: matrix_overview("hacking_replication.json")),
+    "replication_cells.md": ("benchmarks/results/hacking_replication.json",
+                             lambda: matrix_cells("hacking_replication.json")),
     "signal_onsets.md": ("benchmarks/results/signal_onsets.json", signal_onsets),
     "first_run.md": ("benchmarks/results/first_run.json", first_run),
     "default_grid.md": ("benchmarks/results/first_run.json", default_grid),
