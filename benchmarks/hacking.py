@@ -191,7 +191,10 @@ def _parse_label(label: str) -> tuple[str, str, int]:
     return cell, name, int(seed)
 
 
-def _merge(result_file: Path, per_run: dict, overrides: list[str], sft_hacking: Path | None = None) -> dict:
+SFT_HACKING = Path(__file__).parent / "results" / "sft_hacking.json"
+
+
+def _merge(result_file: Path, per_run: dict, overrides: list[str], sft_hacking: Path = SFT_HACKING) -> dict:
     """Add this invocation's runs to the file's (same overrides only); means per cell and contender; targets."""
     runs: dict = {}
     if result_file.is_file():
@@ -209,11 +212,7 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str], sft_hacking: 
     names = {name for by_name in grouped.values() for name in by_name}
     return {"overrides": overrides, "contenders": {n: list(CONTENDERS[n]) for n in sorted(names) if n in CONTENDERS},
             "runs": dict(sorted(runs.items())), "means": means,
-            "targets": {cell: _targets(m, grouped[cell], _sft_rate(cell, sft_hacking or SFT_HACKING))
-                        for cell, m in means.items()}}
-
-
-SFT_HACKING = Path(__file__).parent / "results" / "sft_hacking.json"
+            "targets": {cell: _targets(m, grouped[cell], _sft_rate(cell, sft_hacking)) for cell, m in means.items()}}
 
 
 def _sft_rate(cell: str, path: Path = SFT_HACKING) -> float | None:

@@ -4,7 +4,7 @@ The KL-regularised optimum is the reference reweighted by exp(proxy / beta), so 
 runs on past its answer at least as often as the SFT policy does. This samples each SFT policy (`sft.seed`) at
 temperature 1 on `--prompts` held-out problems and counts the responses the proxy pays at least as much as the short
 correct answer while gold says wrong (`hacking/rate`'s rule), and scores greedy decoding with the gold rule.
-Writes ``benchmarks/results/sft_hacking.json``.
+Writes ``benchmarks/results/sft_hacking.json`` (or ``--out``: SFT policies trained on another machine).
 
     python benchmarks/sft_hacking.py [--sft-seeds 0 1 2] [--prompts 1024] [--out FILE]
 """
