@@ -1,7 +1,7 @@
 """KLGuardCallback in TRL's GRPOTrainer: its own cost, and the built-in hacking task guarded vs unguarded.
 
     pip install -e '.[trl]'
-    python benchmarks/trl_guard.py                  # seeds 1 2, 200 steps each run (about 6 min on 2 cores)
+    python benchmarks/trl_guard.py                  # seeds 1 2, 200 steps each run (about 7 min on 2 cores)
     python benchmarks/trl_guard.py --seeds 1 --steps 50
 
 Each run is examples/trl/grpo_guarded.py's (64 completions a step, beta 0.001, lr 1e-4, a checkpoint every 10 steps).
@@ -23,9 +23,11 @@ from functools import wraps
 from pathlib import Path
 
 from klguard.integrations.trl import KLGuardCallback
+from klguard.integrations.trl.callback import TRLHost
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = ("on_train_begin", "on_log", "on_save", "state")
+ROLLBACK = ("restore_checkpoint", "restore_reference", "reanchor_reference")  # TRLHost's loads of saved weights
 
 
 def _example():
@@ -36,7 +38,7 @@ def _example():
 
 
 class HookTimer:
-    """Wall time inside the callback's hooks, and inside its rollbacks (part of on_log) apart."""
+    """Wall time inside the callback's hooks, and inside its rollbacks' weight loads (part of on_log) apart."""
 
     def __init__(self) -> None:
         self.total = self.rollbacks = 0.0
@@ -44,7 +46,8 @@ class HookTimer:
     def install(self) -> None:
         for name in HOOKS:
             setattr(KLGuardCallback, name, self._timed(getattr(KLGuardCallback, name), "total"))
-        KLGuardCallback._rollback = self._timed(KLGuardCallback._rollback, "rollbacks")
+        for name in ROLLBACK:
+            setattr(TRLHost, name, self._timed(getattr(TRLHost, name), "rollbacks"))
 
     def _timed(self, method, bucket: str):
         @wraps(method)

@@ -40,6 +40,7 @@ def make_trainer(out: Path, *, seed: int, steps: int) -> GRPOTrainer:
         output_dir=str(out), seed=seed, max_steps=steps, use_cpu=True, report_to=[], disable_tqdm=True,
         per_device_train_batch_size=64, num_generations=8, max_completion_length=48, temperature=1.0,
         learning_rate=1e-4, beta=0.001,  # TRL's KL coefficient: the guard raises it when the run hacks
+        bf16=False, gradient_checkpointing=False,  # TRL's defaults (on) cost a 0.33M-parameter model ~10x on a CPU
         reward_weights=[1.0, 0.0, 0.0],  # proxy trained on; gold and hacking only logged
         logging_steps=1,  # the guard decides on each step's metrics
         save_steps=10, save_total_limit=None,  # checkpoints: the guard's rollback targets

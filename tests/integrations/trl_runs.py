@@ -26,7 +26,8 @@ def grpo_trainer(out: Path, *, steps: int, seed: int = 1, **config) -> GRPOTrain
     settings = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 24,
                 "learning_rate": 1e-4, "beta": 0.001, "max_steps": steps, "logging_steps": 1, "save_steps": 1000,
                 "report_to": [], "reward_weights": [1.0, 0.0, 0.0], "temperature": 1.0, "use_cpu": True,
-                "seed": seed, "disable_tqdm": True, "log_level": "error", "save_total_limit": None} | config
+                "seed": seed, "disable_tqdm": True, "log_level": "error", "save_total_limit": None,
+                "bf16": False, "gradient_checkpointing": False} | config  # TRL turns both on: ~10x slower on a CPU
     args = GRPOConfig(output_dir=str(out), **settings)
     return GRPOTrainer(model=model, reward_funcs=[proxy, gold, hacking], args=args,
                        train_dataset=builtin_prompts(tokenizer, 256, seed=seed), processing_class=tokenizer)
