@@ -5,8 +5,11 @@ runs on past its answer at least as often as the SFT policy does. This samples e
 temperature 1 on `--prompts` held-out problems and counts the responses the proxy pays at least as much as the short
 correct answer while gold says wrong (`hacking/rate`'s rule), and scores greedy decoding with the gold rule.
 Writes ``benchmarks/results/sft_hacking.json`` (or ``--out``: SFT policies trained on another machine).
+``--policies`` measures any Hugging Face policy folders instead (a run's ``global_step_N/actor``: what a rollback
+restores or re-anchors to), keyed by folder.
 
     python benchmarks/sft_hacking.py [--sft-seeds 0 1 2] [--prompts 1024] [--out FILE]
+    python benchmarks/sft_hacking.py --policies RUN/global_step_20/actor RUN/global_step_200/actor --out FILE
 """
 
 from __future__ import annotations
@@ -57,18 +60,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sft-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--prompts", type=int, default=1024)
+    parser.add_argument("--policies", type=Path, nargs="+", help="policy folders to measure instead of SFT seeds")
     parser.add_argument("--out", type=Path, default=OUT, help="results file (default: the committed one)")
     args = parser.parse_args()
+    if args.policies and args.out == OUT:
+        parser.error("--policies needs --out (the committed file holds the SFT policies)")
     torch.set_num_threads(1)
+    config = load_config(None, []).config
+    rows = make_arith_rows(args.prompts, "val", 0, form=config.data.builtin_form)
+    reward, max_new_tokens = BuiltinReward.of(config.proxy_reward), config.data.max_response_length
+    if args.policies:
+        missing = [str(p) for p in args.policies if not (p / "config.json").is_file()]
+        if missing:
+            parser.error(f"not a policy folder (no config.json): {missing[0]}")
+        policies = {str(p): p for p in args.policies}
+    else:
+        policies = {f"sft{seed}": ensure_sft_policy(load_config(None, [f"sft.seed={seed}"]).config.sft,
+                                                    form=config.data.builtin_form) for seed in args.sft_seeds}
     results = {}
-    for seed in args.sft_seeds:
-        config = load_config(None, [f"sft.seed={seed}"]).config
-        policy = ensure_sft_policy(config.sft, form=config.data.builtin_form)
-        rows = make_arith_rows(args.prompts, "val", 0, form=config.data.builtin_form)
-        results[f"sft{seed}"] = measure(policy, rows, BuiltinReward.of(config.proxy_reward),
-                                        config.data.max_response_length)
-        s = results[f"sft{seed}"]
-        print(f"SFT policy {seed}: sampled hacking {s['sampled']['hacking_rate']:.3f} "
+    for name, policy in policies.items():
+        results[name] = s = measure(policy, rows, reward, max_new_tokens)
+        print(f"{name}: sampled hacking {s['sampled']['hacking_rate']:.3f} "
               f"(+- {s['sampled']['hacking_rate_se']:.3f}), sampled gold {s['sampled']['gold']:.3f}, "
               f"greedy gold {s['greedy']['gold']:.3f}, greedy hacking {s['greedy']['hacking_rate']:.3f}")
     args.out.write_text(json.dumps({"prompts": args.prompts, "results": results}, indent=1) + "\n")
