@@ -70,9 +70,9 @@ def main() -> None:
     rows = make_arith_rows(args.prompts, "val", 0, form=config.data.builtin_form)
     reward, max_new_tokens = BuiltinReward.of(config.proxy_reward), config.data.max_response_length
     if args.policies:
-        missing = [str(p) for p in args.policies if not (p / "config.json").is_file()]
+        missing = next((p for p in args.policies if not (p / "config.json").is_file()), None)
         if missing:
-            parser.error(f"not a policy folder (no config.json): {missing[0]}")
+            parser.error(f"not a policy folder (no config.json): {missing}")
         policies = {str(p): p for p in args.policies}
     else:
         policies = {f"sft{seed}": ensure_sft_policy(load_config(None, [f"sft.seed={seed}"]).config.sft,
