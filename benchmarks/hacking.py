@@ -12,7 +12,10 @@ per cell (the guarded default against the oracle fixed beta and verl's default);
 
 Figures per run: final and best validation gold (greedy, held-out), the rollout hacking rate and the
 validation hacking rate at the end, KL per token and per sequence, response length (rollout figures
-are means of the last 10 steps: one step is only 64 samples).
+are means of the last 10 steps: one step is only 64 samples). A run's last validation scores 256 problems, so each
+run's last checkpoint is also re-scored on `--final-problems` (2048) problems of its own validation split
+(benchmarks/final_gold.py, kept in the run directory as final_gold_<N>.json); the targets compare that figure
+where every run has it (the file's "gold" says which figure they read).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from klguard.commands.demo import fresh_run_dir
 from klguard.commands.report import load_run
 from klguard.commands.report.summary import summary_value
 from klguard.commands.sweep import Job, default_parallel, run_jobs
+
+sys.path.insert(0, str(Path(__file__).parent))
+from final_gold import final_gold  # a sibling script
 
 
 def _controller(kind: str, target: float) -> tuple[str, ...]:
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="train nothing: re-read the run directories already in OUT/hacking/")
     parser.add_argument("--skip-done", action="store_true",
                         help="train only the runs without a finished run directory (summary.json) in OUT/hacking/")
+    parser.add_argument("--final-problems", type=int, default=2048,
+                        help="re-score each run's last checkpoint on this many held-out problems (0: do not)")
     parser.add_argument("--sft-hacking", type=Path, default=SFT_HACKING,
                         help="the SFT policies' own length-exploit hacking rates (benchmarks/sft_hacking.py --out); "
                              "SFT policies trained on another machine need their own")
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         run_jobs(todo, parallel=args.parallel, desc="hacking benchmark")
 
     # (re-read: the runs found; a matrix may hold some contenders in some cells only)
-    per_run = {job.label: _figures(job.run_dir, job.label) for _, job in jobs
+    per_run = {job.label: _figures(job.run_dir, job.label, args.final_problems) for _, job in jobs
                if not args.summarize_only or (job.run_dir / "summary.json").is_file()}
     result_file = out / "hacking.json"
     result = _merge(result_file, per_run, args.overrides, args.sft_hacking)
@@ -173,15 +181,38 @@ def _prepare(cells: list[Cell], overrides: list[str]) -> None:
         resolve_learned_rm(config, TASK, resolve_model_path(config, TASK, log=log), log=log)
 
 
-def _figures(run_dir: Path, label: str) -> dict:
+def _figures(run_dir: Path, label: str, problems: int = 0) -> dict:
     run = load_run(run_dir, label)
     figures = {key: summary_value(run, metric, how) for key, metric, how in FIGURES}
     pause = next((e for e in run.events if e.get("kind") == "pause"), None)
     hacking = run.series("hacking/rate")[1]
+    if problems > 0:
+        figures |= {RESCORED: _rescored(run_dir, problems), "rescored_problems": problems}
     return figures | {"guard_actions": run.action_count, "steps": run.steps,
                       "paused_at": None if pause is None else pause.get("step"),
                       # step 1's rollouts are the SFT policy's own samples: its hacking rate
                       "first_hacking_rate": hacking[0] if hacking else None}
+
+
+RESCORED = "final_gold_rescored"
+
+
+def _rescored(run_dir: Path, problems: int) -> float:
+    """The run's last checkpoint's greedy gold on `problems` problems of its own validation split, scored once and
+    kept in the run directory (a re-trained run starts from an empty directory)."""
+    kept = run_dir / f"final_gold_{problems}.json"
+    if kept.is_file():
+        return json.loads(kept.read_text())["final_gold"]
+    gold = final_gold(run_dir, problems)
+    kept.write_text(json.dumps({"problems": problems, "final_gold": gold}) + "\n")
+    return gold
+
+
+def _gold_figure(runs: dict) -> str:
+    """The final-gold figure the targets read: the re-scored one where every run has it at one size."""
+    sizes = {figures.get("rescored_problems") for figures in runs.values()}
+    rescored = len(sizes) == 1 and None not in sizes and all(f.get(RESCORED) is not None for f in runs.values())
+    return RESCORED if rescored else "final_gold"
 
 
 def _parse_label(label: str) -> tuple[str, str, int]:
@@ -206,13 +237,16 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str], sft_hacking: 
     for label, figures in sorted(runs.items(), key=lambda run: (EXPLOITS.index(run[0].split("/")[0]), run[0])):
         cell, name, seed = _parse_label(label)
         grouped.setdefault(cell, {}).setdefault(name, []).append(figures | {"seed": seed})
-    keys = (*[f[0] for f in FIGURES], "guard_actions", "steps")
-    means = {cell: {name: {key: _mean([r[key] for r in rs]) for key in keys} | {"seeds": len(rs)}
+    keys = (*[f[0] for f in FIGURES], RESCORED, "guard_actions", "steps")
+    means = {cell: {name: {key: _mean([r.get(key) for r in rs]) for key in keys} | {"seeds": len(rs)}
                     for name, rs in by_name.items()} for cell, by_name in grouped.items()}
     names = {name for by_name in grouped.values() for name in by_name}
+    gold = _gold_figure(runs)
+    problems = next(iter(runs.values())).get("rescored_problems") if gold == RESCORED else None
     return {"overrides": overrides, "contenders": {n: list(CONTENDERS[n]) for n in sorted(names) if n in CONTENDERS},
-            "runs": dict(sorted(runs.items())), "means": means,
-            "targets": {cell: _targets(m, grouped[cell], _sft_rate(cell, sft_hacking)) for cell, m in means.items()}}
+            "gold": gold, "gold_problems": problems, "runs": dict(sorted(runs.items())), "means": means,
+            "targets": {cell: _targets(m, grouped[cell], _sft_rate(cell, sft_hacking), gold)
+                        for cell, m in means.items()}}
 
 
 def _sft_rate(cell: str, path: Path = SFT_HACKING) -> float | None:
@@ -225,11 +259,12 @@ def _sft_rate(cell: str, path: Path = SFT_HACKING) -> float | None:
     return None if found is None else found["sampled"]["hacking_rate"]
 
 
-def _targets(means: dict, runs: dict[str, list[dict]], sft_rate: float | None = None) -> dict:
+def _targets(means: dict, runs: dict[str, list[dict]], sft_rate: float | None = None,
+             gold: str = "final_gold") -> dict:
     """The targets in one cell: the guarded default against the oracle fixed beta, verl's default and the SFT policy's
     own hacking rate (`sft_rate` where measured on its own, else step 1's rollouts of the guarded runs: 64 per PPO
-    seed, since contenders of one seed share them)."""
-    pool = {n: means[n]["final_gold"] for n in ORACLE_POOL if n in means and means[n]["final_gold"] is not None}
+    seed, since contenders of one seed share them). `gold` names the final-gold figure compared."""
+    pool = {n: means[n][gold] for n in ORACLE_POOL if n in means and means[n].get(gold) is not None}
     if "guarded" not in means or not pool:
         return {}
     oracle = max(pool, key=pool.get)
@@ -237,9 +272,9 @@ def _targets(means: dict, runs: dict[str, list[dict]], sft_rate: float | None = 
     hack, verl_hack = g["hacking_rate"], verl.get("hacking_rate")
     sft = sft_rate if sft_rate is not None else _mean([r.get("first_hacking_rate") for r in runs["guarded"]])
     bound = None if sft is None else max(0.05, sft + 0.02)
-    return _no_gold(means, pool[oracle]) | {"paired": _paired_gaps(runs, oracle)} | {
-        "oracle": oracle, "oracle_final_gold": pool[oracle], "guarded_final_gold": g["final_gold"],
-        "gold_within_0.01": g["final_gold"] is not None and g["final_gold"] >= pool[oracle] - 0.01,
+    return _no_gold(means, pool[oracle], gold) | {"paired": _paired_gaps(runs, oracle, gold)} | {
+        "oracle": oracle, "oracle_final_gold": pool[oracle], "guarded_final_gold": g.get(gold),
+        "gold_within_0.01": g.get(gold) is not None and g[gold] >= pool[oracle] - 0.01,
         "guarded_hacking": hack, "verl_hacking": verl_hack, "sft_hacking": sft, "hacking_bound": bound,
         "hacking_within_bound": hack is not None and bound is not None and hack <= bound,
         "hacking_at_most_0.05": hack is not None and hack <= 0.05,
@@ -249,24 +284,24 @@ def _targets(means: dict, runs: dict[str, list[dict]], sft_rate: float | None = 
     }
 
 
-def _no_gold(means: dict, oracle_gold: float) -> dict:
+def _no_gold(means: dict, oracle_gold: float, figure: str = "final_gold") -> dict:
     """The guard with no gold against the oracle fixed beta (- 0.02) and against the guard with gold (+- 0.02)."""
-    gold = means.get("guarded_no_gold", {}).get("final_gold")
+    gold = means.get("guarded_no_gold", {}).get(figure)
     if gold is None:
         return {}
-    with_gold = means["guarded"]["final_gold"]
+    with_gold = means["guarded"].get(figure)
     return {"no_gold_final_gold": gold, "no_gold_within_0.02_of_oracle": gold >= oracle_gold - 0.02,
             "no_gold_within_0.02_of_guarded": with_gold is not None and abs(gold - with_gold) <= 0.02}
 
 
-def _paired_gaps(runs: dict[str, list[dict]], oracle: str) -> dict:
+def _paired_gaps(runs: dict[str, list[dict]], oracle: str, figure: str = "final_gold") -> dict:
     """Final gold of the guard (with and without gold) minus the oracle's, PPO seed by PPO seed (a seed shares its
     prompts across contenders, so the pairs cancel the prompt draw): mean, standard error and seeds paired."""
     pairs = {"guarded - oracle": ("guarded", oracle), "no_gold - oracle": ("guarded_no_gold", oracle),
              "no_gold - guarded": ("guarded_no_gold", "guarded")}
     out = {}
     for key, (a, b) in pairs.items():
-        gold = {n: {r["seed"]: r["final_gold"] for r in runs.get(n, []) if "seed" in r and r["final_gold"] is not None}
+        gold = {n: {r["seed"]: r[figure] for r in runs.get(n, []) if "seed" in r and r.get(figure) is not None}
                 for n in (a, b)}
         gaps = [gold[a][s] - gold[b][s] for s in sorted(gold[a].keys() & gold[b].keys())]
         if gaps:
@@ -280,7 +315,8 @@ def _mean(values):
     return statistics.fmean(values) if values else None
 
 
-COLUMNS = ("final_gold", "best_gold", "hacking_rate", "val_hacking_rate", "final_kl_coef", "guard_actions", "steps")
+COLUMNS = ("final_gold", RESCORED, "best_gold", "hacking_rate", "val_hacking_rate", "final_kl_coef", "guard_actions",
+           "steps")
 
 
 def _print_overview(result: dict) -> None:

@@ -116,8 +116,16 @@ def demo_seeds() -> str:
 
 # --- the matrix: two exploits, three SFT policies ----------------------------------------------------------------
 
+def gold_figure(data: dict) -> tuple[str, str]:
+    """The final-gold figure a hacking.py file's targets read, and how the tables name it."""
+    if data.get("gold") == "final_gold_rescored":
+        return "final_gold_rescored", f"final gold, {data['gold_problems']} problems"
+    return "final_gold", "final gold"
+
+
 def matrix_overview(name: str = "hacking.json") -> str:
     data = load(name)
+    gold, gold_name = gold_figure(data)
     rows = []
     for cell, t in data["targets"].items():
         if not t:
@@ -125,15 +133,15 @@ def matrix_overview(name: str = "hacking.json") -> str:
         verl = data["means"][cell].get("verl_default", {})
         guarded = data["means"][cell]["guarded"]
         rows.append([cell, g4(t["guarded_final_gold"]), f"{label(t['oracle'])} ({g4(t['oracle_final_gold'])})",
-                     g4(verl.get("final_gold")), g4(t["guarded_hacking"]), g4(t.get("sft_hacking")),
+                     g4(verl.get(gold)), g4(t["guarded_hacking"]), g4(t.get("sft_hacking")),
                      g4(t["verl_hacking"]), g4(guarded["final_kl_coef"]),
                      f"{t.get('guarded_paused', '-')} of {t.get('guarded_runs', '-')}",
                      "yes" if t["gold_within_0.01"] else "no", g4(t.get("no_gold_final_gold")),
                      yes_no(t.get("no_gold_within_0.02_of_oracle")), yes_no(t.get("no_gold_within_0.02_of_guarded")),
                      *(gap(t.get("paired", {}).get(key)) for key in ("guarded - oracle", "no_gold - oracle"))])
-    head = ["cell", "guarded final gold", "best fixed beta (final gold)", "verl default final gold",
+    head = ["cell", f"guarded {gold_name}", f"best fixed beta ({gold_name})", f"verl default {gold_name}",
             "guarded hacking (rollouts)", "SFT policy's own hacking", "verl hacking", "guarded final beta",
-            "guarded runs paused", "gold >= best fixed - 0.01", "no gold: final gold", "no gold >= best fixed - 0.02",
+            "guarded runs paused", "gold >= best fixed - 0.01", f"no gold: {gold_name}", "no gold >= best fixed - 0.02",
             "no gold within 0.02 of guarded", "guarded - best fixed, seed by seed (mean +- SE, seeds)",
             "no gold - best fixed, seed by seed"]
     return table(head, rows)
@@ -180,6 +188,8 @@ def matrix_cells(name: str = "hacking.json") -> str:
     data = load(name)
     columns = ("final_gold", "best_gold", "hacking_rate", "val_hacking_rate", "final_kl_coef", "guard_actions",
                "steps")
+    if gold_figure(data)[0] == "final_gold_rescored":
+        columns = ("final_gold", "final_gold_rescored", *columns[1:])
     parts = []
     for cell, by_name in data["means"].items():
         seeds = max(m["seeds"] for m in by_name.values())

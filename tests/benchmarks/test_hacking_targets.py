@@ -76,3 +76,33 @@ def test_the_sft_policys_own_rate_comes_from_the_file_named_and_only_for_the_len
     assert hacking._sft_rate("length/sft2", rates) is None  # not measured there: step 1's rollouts stand in
     assert hacking._sft_rate("learned_rm/sft1", rates) is None
     assert hacking._sft_rate("length/sft1", tmp_path / "missing.json") is None
+
+
+def _run(guarded_seed_gold: float, wide: float | None, problems: int | None = 2048) -> dict:
+    figures = {"final_gold": guarded_seed_gold, "hacking_rate": 0.05, "first_hacking_rate": 0.05, "paused_at": None}
+    if wide is not None:
+        figures |= {"final_gold_rescored": wide, "rescored_problems": problems}
+    return figures
+
+
+def test_the_targets_read_the_rescored_gold_only_where_every_run_has_it_at_one_size(tmp_path):
+    # on 256 problems the guard is 0.02 above fixed 1.0; on 2048 it is 0.02 under: the wide figure decides
+    runs = {"length/sft0/guarded_s1": _run(0.82, 0.78), "length/sft0/fixed_1.0_s1": _run(0.80, 0.80)}
+    result = hacking._merge(tmp_path / "none.json", runs, [], tmp_path / "no_rates.json")
+    assert (result["gold"], result["gold_problems"]) == ("final_gold_rescored", 2048)
+    t = result["targets"]["length/sft0"]
+    assert t["guarded_final_gold"] == 0.78 and t["gold_within_0.01"] is False
+    assert abs(t["paired"]["guarded - oracle"]["mean"] + 0.02) < 1e-9
+    assert result["means"]["length/sft0"]["guarded"]["final_gold"] == 0.82  # the run's own validation stays
+    for other in (_run(0.80, None), _run(0.80, 0.80, problems=512)):  # one run not re-scored, or at another size
+        mixed = hacking._merge(tmp_path / "none.json", {**runs, "length/sft0/fixed_1.0_s1": other}, [],
+                               tmp_path / "no_rates.json")
+        assert mixed["gold"] == "final_gold" and mixed["targets"]["length/sft0"]["gold_within_0.01"] is True
+
+
+def test_a_runs_rescored_gold_is_scored_once_and_kept_in_its_directory(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(hacking, "final_gold", lambda run_dir, problems: calls.append(problems) or 0.5)
+    assert hacking._rescored(tmp_path, 64) == 0.5 and hacking._rescored(tmp_path, 64) == 0.5
+    assert calls == [64] and (tmp_path / "final_gold_64.json").is_file()
+    assert hacking._rescored(tmp_path, 128) == 0.5 and calls == [64, 128]  # another size is scored anew
