@@ -329,7 +329,7 @@ def _print_overview(result: dict) -> None:
     for cell, t in result["targets"].items():
         if not t:
             continue
-        verl = result["means"][cell].get("verl_default", {}).get("final_gold")
+        verl = result["means"][cell].get("verl_default", {}).get(result.get("gold", "final_gold"))
         held = t.get("hacking_within_bound") and t["hacking_at_most_0.1x_verl"]
         print(f"| {cell} | {_fmt(t['guarded_final_gold'])} | {t['oracle']} ({_fmt(t['oracle_final_gold'])}) "
               f"| {_fmt(verl)} | {_fmt(t['guarded_hacking'])} | {_fmt(t.get('sft_hacking'))} | "
