@@ -208,11 +208,11 @@ def _rescored(run_dir: Path, problems: int) -> float:
     return gold
 
 
-def _gold_figure(runs: dict) -> str:
-    """The final-gold figure the targets read: the re-scored one where every run has it at one size."""
+def _rescored_size(runs: dict) -> int | None:
+    """The problems every run was re-scored on, where all were and at one size (the targets then read that figure)."""
     sizes = {figures.get("rescored_problems") for figures in runs.values()}
-    rescored = len(sizes) == 1 and None not in sizes and all(f.get(RESCORED) is not None for f in runs.values())
-    return RESCORED if rescored else "final_gold"
+    one = len(sizes) == 1 and None not in sizes and all(f.get(RESCORED) is not None for f in runs.values())
+    return sizes.pop() if one else None
 
 
 def _parse_label(label: str) -> tuple[str, str, int]:
@@ -241,8 +241,8 @@ def _merge(result_file: Path, per_run: dict, overrides: list[str], sft_hacking: 
     means = {cell: {name: {key: _mean([r.get(key) for r in rs]) for key in keys} | {"seeds": len(rs)}
                     for name, rs in by_name.items()} for cell, by_name in grouped.items()}
     names = {name for by_name in grouped.values() for name in by_name}
-    gold = _gold_figure(runs)
-    problems = next(iter(runs.values())).get("rescored_problems") if gold == RESCORED else None
+    problems = _rescored_size(runs)
+    gold = "final_gold" if problems is None else RESCORED
     return {"overrides": overrides, "contenders": {n: list(CONTENDERS[n]) for n in sorted(names) if n in CONTENDERS},
             "gold": gold, "gold_problems": problems, "runs": dict(sorted(runs.items())), "means": means,
             "targets": {cell: _targets(m, grouped[cell], _sft_rate(cell, sft_hacking), gold)

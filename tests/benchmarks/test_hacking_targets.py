@@ -78,8 +78,8 @@ def test_the_sft_policys_own_rate_comes_from_the_file_named_and_only_for_the_len
     assert hacking._sft_rate("length/sft1", tmp_path / "missing.json") is None
 
 
-def _run(guarded_seed_gold: float, wide: float | None, problems: int | None = 2048) -> dict:
-    figures = {"final_gold": guarded_seed_gold, "hacking_rate": 0.05, "first_hacking_rate": 0.05, "paused_at": None}
+def _run(gold: float, wide: float | None, problems: int | None = 2048) -> dict:
+    figures = {"final_gold": gold, "hacking_rate": 0.05, "first_hacking_rate": 0.05, "paused_at": None}
     if wide is not None:
         figures |= {"final_gold_rescored": wide, "rescored_problems": problems}
     return figures
