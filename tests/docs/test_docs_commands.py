@@ -18,7 +18,8 @@ FENCE = re.compile(r"^```(bash|sh|python)\n(.*?)^```", re.S | re.M)
 
 DEMO = "installs into the running environment and trains two runs for minutes; tests/e2e runs `klguard demo`"
 TESTS = "the command that runs this test suite (.ci/run runs it; test_docs_site checks it is README's)"
-TEST_COMMAND = "pip install torch==2.13.0 -e '.[test,trl,verl,docs]' -c constraints-test.txt && python -m pytest -q"
+TEST_COMMAND = ("python -m venv --clear .venv-test && .venv-test/bin/pip install torch==2.13.0 "
+                "-e '.[test,trl,verl,docs]' -c constraints-test.txt && .venv-test/bin/python -m pytest -q")
 VERL_LINE = "python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=klguard +klguard.guard.kl_hard_limit=0.2"
 GSM8K = "klguard train data.train_files=~/data/gsm8k/train.parquet data.val_files=~/data/gsm8k/test.parquet \\"
 # (file, the block's first line) -> why the test does not run it
@@ -39,7 +40,8 @@ NOT_RUN = {
     ("README.md", "klguard watch --follow $VERL_FILE_LOGGER_PATH guard.kl_hard_limit=0.2 || scancel $JOB"):
         "follows the log of a running verl job under Slurm; tests/commands/watch run `klguard watch` on logs",
     ("docs/index.md", "pip install torch==2.13.0 -e . && klguard demo"): DEMO,
-    ("docs/architecture.md", "pip install torch==2.13.0 -e '.[test,trl,verl,docs]'"):
+    ("docs/architecture.md", "python -m venv .venv-test && . .venv-test/bin/activate   # the test environment "
+     "README's test command builds"):
         "installs into the running environment and runs the whole suite, this test included",
     ("docs/benchmarks.md",
      "pip install torch==2.13.0 -e . && python benchmarks/throughput.py      # --quick: 1 warm-up + 3 steps"):
@@ -101,7 +103,11 @@ def test_block_runs_as_written(block: tuple[str, str, str]) -> None:
     for folder in CLEAN.get(name, []):
         if folder in code:
             shutil.rmtree(folder, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    # `klguard`, `python` and `mkdocs` in a block are the ones of the interpreter running the tests (its venv's bin/
+    # first on PATH), never whatever an unactivated shell finds
+    path = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), os.environ.get("PATH")]))
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PATH": path, "PYTHONPATH": pythonpath}
     command = [sys.executable, "-c", code] if lang == "python" else ["bash", "-e", "-c", code]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, f"{name}:\n{code}\nexit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"

@@ -46,11 +46,18 @@ def test_readme_links_point_at_files() -> None:
 
 
 def test_readme_test_command_is_the_one_ci_runs() -> None:
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("pip install")]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python -m venv")]
     assert len(ci) == 1
     assert ci[0] in (ROOT / "README.md").read_text()
     extras = next(w for w in shlex.split(ci[0]) if w.startswith(".["))
     assert "docs" in extras.strip(".[]").split(","), "the test command installs the docs extra (the site is tested)"
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="a developer may run the suite from any environment")
+def test_ci_runs_in_the_test_commands_own_venv() -> None:
+    """Packages of the outer environment (a newer transformers, `kernels`) never reach CI's suite."""
+    assert Path(sys.prefix).resolve() == (ROOT / ".venv-test").resolve(), f"the suite runs in {sys.prefix}"
+    assert sys.prefix != sys.base_prefix
 
 
 def test_generated_tables_are_current(capsys) -> None:
