@@ -37,7 +37,8 @@ NOT_RUN = {
     ("README.md", VERL_LINE):
         "a verl step needs GPUs and a verl setup (`...` for the rest of verl's launch line); "
         "benchmarks/gpu/verl_plugin.sh is the GPU check",
-    ("README.md", "klguard watch --follow $VERL_FILE_LOGGER_PATH guard.kl_hard_limit=0.2 || scancel $JOB"):
+    ("README.md", 'klguard watch --follow "$VERL_FILE_LOGGER_PATH" || { [ $? -eq 3 ] && scancel "$JOB"; }   '
+                  "# cancel on exit 3 only"):
         "follows the log of a running verl job under Slurm; tests/commands/watch run `klguard watch` on logs",
     ("docs/index.md", "pip install torch==2.13.0 -e . && klguard demo"): DEMO,
     ("docs/architecture.md", "python -m venv .venv-test && . .venv-test/bin/activate   # the test environment "

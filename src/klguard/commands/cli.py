@@ -19,7 +19,8 @@ EPILOG = (
 )
 
 
-WATCH_EPILOG = ("Example: klguard watch --follow train.log --map train_reward=critic/score/mean || scancel $JOB. "
+WATCH_EPILOG = ("Example: klguard watch --follow train.log --map train_reward=critic/score/mean || { [ $? -eq 3 ] "
+                "&& scancel $JOB; } (cancels the job on exit 3 only). Options and key=value settings go in any order. "
                 "The guard's keys as in `klguard train --describe-config`; formats and names: docs/watch.md.")
 
 
@@ -80,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("path", metavar="PATH", help="a log file or folder, its format told from its content: verl's or "
                        "TRL's console output, any JSON lines, trainer_state.json, `step: N name: value` lines, CSV, "
                        "TensorBoard, an MLflow or W&B run, a klguard run")
-    watch.add_argument("--follow", action="store_true", help="keep reading as the log grows (Ctrl-C: exit 0)")
+    watch.add_argument("--follow", action="store_true", help="keep reading as the log grows, waiting for it to "
+                       "appear if it does not exist yet (Ctrl-C: exit 0)")
     watch.add_argument("--format", choices=FORMATS, help="the log's format (default: detected)")
     watch.add_argument("--events", metavar="FILE", help="where decisions go (default: events.jsonl beside the log; "
                        "watch_events.jsonl beside a klguard or TRL log, whose trainer writes its own)")
@@ -225,9 +227,21 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Options and `key=value` settings in any order: argparse stops filling a positional list at the first option,
+    so settings after an option come back unrecognised and join the others, in the order given."""
+    args, extra = parser.parse_known_args(argv)
+    settings = [a for a in extra if "=" in a and not a.startswith("-")]
+    if extra and (len(settings) < len(extra) or not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(a for a in extra if a not in settings) or ' '.join(extra)}")
+    if settings:
+        args.overrides = [*args.overrides, *settings]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.command is None:
         parser.print_help()
         return 0

@@ -5,7 +5,8 @@ verl and TRL, any JSON lines, trainer_state.json, `step: N name: value` lines, T
 maps its metric names to the guard's (per trainer, plus `--map name=guard_name[:transform]`), says which guard
 inputs it found and which rules run with which values, feeds each step to the guard, prints one line per
 decision and writes them to an events file. It acts on nothing: the exit code says what the guard decided, so that
-`klguard watch --follow LOG || scancel $JOB` stops a run the guard would have rolled back or paused:
+`klguard watch --follow LOG || { [ $? -eq 3 ] && scancel $JOB; }` stops a run the guard would have rolled back or
+paused (and nothing else: a typo or a missing log is exit 2, and `--follow` waits for a log that does not exist yet):
 0 the guard stayed calm (advice such as a higher KL coefficient may have been printed), 3 it decided to roll
 back or pause (watching stops there: the run's later steps are ones the guard would not have let happen),
 2 bad input. On any log but klguard's own the guard runs with the defaults of a host that runs another trainer's
@@ -98,7 +99,7 @@ class Watch:
         self.decisions: list[Action] = []
 
     def run(self) -> int:
-        if not self.path.exists():
+        if not self.path.exists() and not self.options.follow:
             raise UserError(f"{self.path} does not exist")
         self.reader = self._open()
         config = load_settings(self.overrides, external=self.reader.format != "klguard")
@@ -125,8 +126,18 @@ class Watch:
             time.sleep(self.options.interval)
 
     def _open(self) -> MappedLog:
-        """The reader; with --follow an empty log, or one with no metrics line yet, is waited for."""
+        """The reader; with --follow a log that does not exist yet, an empty one, or one with no metrics line yet,
+        is waited for (up to --idle-exit seconds where given)."""
+        started = time.monotonic()
+        if not self.path.exists():
+            self.say(f"klguard watch: waiting for {self.path} to appear")
         while True:
+            idle = self.options.idle_exit
+            if idle is not None and time.monotonic() - started > idle:
+                raise UserError(f"{self.path}: no metrics appeared within --idle-exit {idle:g} s")
+            if not self.path.exists():
+                time.sleep(self.options.interval)
+                continue
             try:
                 return open_log(self.path, self.options.fmt, self.user_map)
             except NoMetricsYet:

@@ -139,6 +139,42 @@ def test_follow_reads_a_file_still_being_written(tmp_path, capsys):
     assert f"stop the run at step {STOP}" in capsys.readouterr().out
 
 
+def test_follow_waits_for_a_log_that_does_not_exist_yet(tmp_path, capsys):
+    """Started beside the job, before its trainer has written anything: --follow waits, then judges."""
+    path = tmp_path / "later" / "live.jsonl"
+
+    def trainer():
+        time.sleep(0.3)
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in steps(12)))
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    code = main(["watch", str(path), "--follow", "--interval", "0.02"])
+    thread.join()
+    out = capsys.readouterr().out
+    assert code == 3 and f"waiting for {path} to appear" in out and f"stop the run at step {STOP}" in out
+
+
+def test_follow_with_idle_exit_never_calls_a_missing_log_calm(tmp_path, capsys):
+    path = tmp_path / "never.jsonl"
+    assert main(["watch", str(path), "--follow", "--interval", "0.02", "--idle-exit", "0.1"]) == 2
+    assert "no metrics appeared within --idle-exit 0.1 s" in capsys.readouterr().err
+
+
+def test_options_and_settings_in_any_order(tmp_path, capsys):
+    """A setting after an option is a setting, in the order given (the last one wins); an option-like word that
+    argparse does not know is still refused."""
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in steps(12)))
+    assert main(["watch", str(path), "guard.kl_hard_limit=0.1", "--format", "jsonl", "guard.kl_hard_limit=5"]) == 0
+    assert "guard stayed calm" in capsys.readouterr().out  # 5 per token: the blow-up to 0.8 stays under it
+    assert main(["watch", "--map", "kl=actor/kl_loss", str(path), "guard.kl_hard_limit=5"]) == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["watch", str(path), "--format", "jsonl", "--no-such-option"])
+    assert exc.value.code == 2 and "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
 def test_follow_ends_calm_when_the_log_stops_growing(tmp_path, capsys):
     path = tmp_path / "calm.jsonl"
     path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in steps(5, blowup=None)))
