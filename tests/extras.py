@@ -17,4 +17,4 @@ def import_extra(module: str, extra: str) -> ModuleType:
     except ImportError:
         if os.environ.get("CI") == "true":
             raise
-        pytest.skip(f"{module} is not installed (pip install klguard[{extra}])")
+        pytest.skip(f"{module} is not installed (pip install -e '.[{extra}]' in the clone)")

@@ -1,6 +1,6 @@
 """klguard's guard in TRL's GRPOTrainer, on klguard's built-in reward-hacking task (CPU, nothing downloaded).
 
-    pip install 'klguard[trl]'
+    pip install -e '.[trl]'                                        # in klguard's clone
     python examples/trl/grpo_guarded.py --out grpo_runs            # unguarded and guarded, seed 1 (200 s on 2 cores)
     python examples/trl/grpo_guarded.py --only guarded "algorithm.kl_ctrl.type=pid" "algorithm.kl_ctrl.target_kl=0.03"
     klguard report grpo_runs/guarded grpo_runs/unguarded           # one HTML page comparing the two

@@ -34,7 +34,7 @@ class TensorBoardLog:
             from tensorboard.util import tensor_util
         except ImportError:
             raise UserError(f"{self.path}: reading TensorBoard event files needs tensorboard (pip install "
-                            "'klguard[logs]')") from None
+                            "tensorboard)") from None
 
         for file in self._files():
             loader = self._loaders.setdefault(file, EventFileLoader(str(file)))

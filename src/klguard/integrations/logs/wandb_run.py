@@ -54,7 +54,7 @@ class WandbLog:
         try:
             from wandb.proto import wandb_internal_pb2
         except ImportError:
-            raise UserError(f"{path}: reading a W&B run needs wandb (pip install 'klguard[logs]')") from None
+            raise UserError(f"{path}: reading a W&B run needs wandb (pip install 'wandb>=0.31,<0.32')") from None
         self.path, self.file = path, wandb_file(path)
         if self.file is None:
             raise UserError(f"{path}: no .wandb run file in it")
