@@ -8,9 +8,14 @@
    ratio early / full, and what the default grid alone would have recommended without extension. The target: the
    same recommendation, or one whose trained gold is within 0.01 of the full sweep's, at <= 1/3 of its CPU time.
 
+With --from-clone the demo runs as README's first command does on a fresh machine: a `git clone` of this
+repository, a new venv, `pip install torch==2.13.0 -e CLONE` timed (pip's own cache as it is), then `klguard demo`
+from that venv. --skip-calibrate keeps the file's calibration section as it is and writes the demo's.
+
 Writes benchmarks/results/first_run.json.
 
     python benchmarks/first_run.py [--seeds 1 2] [--workdir DIR] [--skip-demo] [--set key=value ...]
+    python benchmarks/first_run.py --from-clone --skip-calibrate     # README's figures: install and demo timed
 """
 
 from __future__ import annotations
@@ -27,13 +32,25 @@ from pathlib import Path
 
 from klguard.commands.report import load_run
 
-RESULTS = Path(__file__).resolve().parent / "results" / "first_run.json"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "first_run.json"
+DEMO_SEEDS = ROOT / "benchmarks" / "results" / "hacking_demo_seeds.json"
 GOLD = "val-core/"
-# README's ranges for `klguard demo` on the shipped policy (PPO seeds 1-3, this project's 2-core machine)
-README_RANGES = {
-    "klguard default": {"final_gold": (0.92, 0.97), "sampled_hacking": (0.14, 0.23)},
-    "verl default KL": {"final_gold": (0.0, 0.57), "sampled_hacking": (0.92, 0.99)},
-}
+SLACK = 0.02  # one demo run against the range of the demo's contenders over PPO seeds 1-3
+
+
+def seed_ranges() -> dict[str, dict[str, tuple[float, float]]]:
+    """The demo's two contenders over PPO seeds (docs/results.md's demo table), widened by SLACK: where one run of
+    `klguard demo` should land on any machine."""
+    runs = json.loads(DEMO_SEEDS.read_text())["runs"]
+    out = {}
+    for label, contender in (("klguard default", "guarded"), ("verl default KL", "verl_default")):
+        seeds = [r for name, r in runs.items() if name.rsplit("_s", 1)[0] == contender]
+        out[label] = {}
+        for figure, key in (("final_gold", "final_gold"), ("sampled_hacking", "hacking_rate")):
+            values = [r[key] for r in seeds]
+            out[label][figure] = (round(min(values) - SLACK, 3), round(max(values) + SLACK, 3))
+    return out
 
 
 def timed(cmd: list[str], env: dict[str, str], log: Path) -> dict:
@@ -53,20 +70,32 @@ def fresh_env(home: Path) -> dict[str, str]:
     return env | {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
 
 
-def demo(work: Path, extra: list[str]) -> dict:
+def install_from_clone(work: Path) -> tuple[dict, str]:
+    """README's first command's install on a fresh clone in a new venv; its timing and the venv's python."""
+    clone, venv = work / "clone", work / "venv"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    result = timed([str(venv / "bin" / "pip"), "install", "torch==2.13.0", "-e", str(clone)], {**os.environ},
+                   work / "install.log")
+    commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    return result | {"commit": commit}, str(venv / "bin" / "python")
+
+
+def demo(work: Path, extra: list[str], python: str = sys.executable) -> dict:
     home = work / "home"
     home.mkdir(parents=True)
     out = work / "demo"
-    result = timed([sys.executable, "-m", "klguard", "demo", "--out", str(out), *extra], fresh_env(home),
+    result = timed([python, "-m", "klguard", "demo", "--out", str(out), *extra], fresh_env(home),
                    work / "demo.log")
     result["sft_cache"] = sorted(p.name for p in (home / ".cache" / "klguard").glob("sft-*"))  # empty: it shipped
-    runs = {}
+    runs, ranges = {}, seed_ranges()
     for label, folder in (("klguard default", "klguard_default"), ("verl default KL", "verl_default")):
         run = load_run(out / folder, label)
         figures = {"final_gold": run.last(GOLD), "sampled_hacking": run.mean_last("hacking/rate", 10),
                    "final_beta": run.last("actor/reward_kl_penalty_coeff"), "guard_actions": run.action_count}
-        within = {k: lo <= figures[k] <= hi for k, (lo, hi) in README_RANGES[label].items()}
-        runs[label] = {**figures, "readme_ranges": README_RANGES[label], "within_readme": within}
+        within = {k: lo <= figures[k] <= hi for k, (lo, hi) in ranges[label].items()}
+        runs[label] = {**figures, "seed_ranges": ranges[label], "within_seed_ranges": within}
     return result | {"runs": runs}
 
 
@@ -114,6 +143,13 @@ def _peak(fit: dict | None) -> float | None:
     return math.exp(2 * (fit["a"] / fit["b"] - 1))
 
 
+def _cpu_model() -> str:
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.exists() else []
+    return names[0] if names else "unknown"
+
+
 def compare(full: dict, early: dict) -> dict:
     same = full["recommended_target_kl"] == early["recommended_target_kl"]
     close = (full["recommended_final_gold"] is not None and early["recommended_final_gold"] is not None
@@ -128,19 +164,31 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--from-clone", action="store_true", help="install a fresh clone into a new venv (timed) "
+                        "and run the demo from it, as README's first command does")
+    parser.add_argument("--skip-calibrate", action="store_true", help="keep the results file's calibration section")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="overrides for every command (a quick check: trainer.total_training_steps=4)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="klguard-first-run-"))
     work.mkdir(parents=True, exist_ok=True)
-    results: dict = {"machine": {"cpus": os.cpu_count()}, "workdir": str(work), "overrides": args.set}
+    results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": _cpu_model()}, "workdir": str(work),
+                     "overrides": args.set}
+    if args.skip_calibrate:
+        results = json.loads(RESULTS.read_text()) | {k: v for k, v in results.items() if k != "machine"}
+        results["demo_machine"] = {"cpus": os.cpu_count(), "cpu": _cpu_model()}
     if not args.skip_demo:
-        results["demo"] = demo(work, args.set)
+        python = sys.executable
+        if args.from_clone:
+            results["install"], python = install_from_clone(work)
+            print(json.dumps({"install": results["install"]}), flush=True)
+        results["demo"] = demo(work, args.set, python)
         print(json.dumps({k: v for k, v in results["demo"].items() if k != "runs"}), flush=True)
         for label, figures in results["demo"]["runs"].items():
             print(f"  {label}: {json.dumps(figures)}", flush=True)
-    results["calibrate"] = {}
-    for seed in args.seeds:
+    if not args.skip_calibrate:
+        results["calibrate"] = {}
+    for seed in [] if args.skip_calibrate else args.seeds:
         early = calibrate(work, seed, None, args.set)
         grid = sorted({p["target_kl"] for p in early["points"]})
         full = calibrate(work, seed, grid, args.set)

@@ -34,6 +34,9 @@ def fresh_run_dir(path: Path) -> None:
     log_file.unlink(missing_ok=True)
 
 
+REPORT_TITLE = "klguard demo: the guarded default vs verl's default KL on a reward-hacking task"
+
+
 def run_demo(config_file: str | None, overrides: Sequence[str], out: str | Path, parallel: int | None = None,
              show_progress: bool = True) -> Path:
     """Run both trainings, write `OUT/report.html`, print the comparison; returns the report path."""
@@ -53,8 +56,7 @@ def run_demo(config_file: str | None, overrides: Sequence[str], out: str | Path,
     run_jobs(jobs, parallel=parallel or default_parallel(), config_file=config_file, desc="klguard demo",
              show_progress=show_progress, progress_every=base.trainer.progress_every)
     runs = [load_run(j.run_dir, j.label) for j in jobs]
-    report = write_run_report(runs, out / "report.html",
-                              title="klguard demo: the guarded default vs verl's default KL on a reward-hacking task")
+    report = write_run_report(runs, out / "report.html", title=REPORT_TITLE)
     print(text_table(runs))
     print(f"\nreport: {report.resolve()}")
     print(f"runs:   {', '.join(str(j.run_dir) for j in jobs)}")

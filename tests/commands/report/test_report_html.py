@@ -82,3 +82,25 @@ def test_a_corrupt_metrics_line_is_named(tmp_path, capsys):
         fh.write("{not json\n")
     assert main(["report", str(run)]) == 2
     assert "metrics.jsonl: line 4 is not JSON" in capsys.readouterr().err
+
+
+def test_panels_no_run_recorded_are_named_not_drawn(tmp_path):
+    """A panel no run has a metric of is left out of the figure and named once in the note under it."""
+    from klguard.commands.report.figures import PANELS, SUMMARY_PANELS, recorded_panels
+
+    runs = [load_run(_write_run(tmp_path / "a", _rows(10)))]
+    drawn, missing = recorded_panels(runs)
+    assert {p.title for p in missing} >= {"RM ensemble spread (gold-free signal)", "Actor gradient norm (before "
+                                          "clipping)"}
+    assert len(drawn) + len(missing) == len(PANELS) and "Hacking rate on rollouts" in {p.title for p in drawn}
+    html = write_run_report(runs, tmp_path / "a" / "report.html").read_text()
+    assert "Not recorded in this run: " in html and "RM ensemble spread (gold-free signal)" in html
+    assert "not recorded" not in html.replace("Not recorded", "")
+    assert recorded_panels(runs, SUMMARY_PANELS)[0] == list(SUMMARY_PANELS)
+
+
+def test_header_names_runs_relative_to_the_report(tmp_path):
+    inside = load_run(_write_run(tmp_path / "out" / "run_a", _rows(5)), "a")
+    outside = load_run(_write_run(tmp_path / "elsewhere", _rows(5)), "b")
+    html = write_run_report([inside, outside], tmp_path / "out" / "report.html").read_text()
+    assert "a (run_a)" in html and f"b ({(tmp_path / 'elsewhere').resolve()})" in html

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from klguard.commands.report.figures import training_figure
+from klguard.commands.report.figures import recorded_panels, training_figure
 from klguard.commands.report.html import events_table, image, page, summary_table
 from klguard.commands.report.runs import RunRecord, load_run
 
@@ -20,12 +21,22 @@ def write_run_report(runs: Sequence[RunRecord], out: str | Path, title: str = "k
                      extra_sections: Sequence[tuple[str, str]] = ()) -> Path:
     """Write ``out`` (an .html file) for one run or several runs compared side by side."""
     out = Path(out)
+    missing = recorded_panels(runs)[1]
+    absent = (f" Not recorded in {'this run' if len(runs) == 1 else 'these runs'}: "
+              f"{'; '.join(p.title for p in missing)}." if missing else "")
     sections = [("Summary", summary_table(runs)),
-                ("Training curves", image(training_figure(runs), "training curves") + f"<p class=note>{LEGEND}</p>"),
+                ("Training curves", image(training_figure(runs), "training curves")
+                 + f"<p class=note>{LEGEND}{absent}</p>"),
                 *extra_sections,
                 ("Guard actions", events_table(runs))]
-    intro = "Runs: " + ", ".join(f"{r.label} ({r.path})" for r in runs)
+    intro = "Runs: " + ", ".join(f"{r.label} ({_shown_path(r.path, out.parent)})" for r in runs)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(page(title, sections, intro), encoding="utf-8")
     tmp.replace(out)
     return out
+
+
+def _shown_path(path: str | Path, folder: Path) -> str:
+    """A run inside the report's folder by its relative path (a report that moves keeps true names); else absolute."""
+    rel = os.path.relpath(Path(path).resolve(), folder.resolve())
+    return rel if not rel.startswith("..") else str(Path(path).resolve())

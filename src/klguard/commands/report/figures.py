@@ -70,13 +70,25 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def training_figure(runs: Sequence[RunRecord], smooth: int = 5) -> bytes:
-    """A grid of the PANELS, every run overlaid, guard actions marked as vertical lines."""
-    cols = 2
-    rows = (len(PANELS) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(12, 3.0 * rows), squeeze=False)
+SUMMARY_PANELS: tuple[Panel, ...] = tuple(PANELS[i] for i in (0, 2, 4, 5))
+"""Gold, hacking, KL and its coefficient: the four panels that tell a comparison at a glance."""
+
+
+def recorded_panels(runs: Sequence[RunRecord], panels: Sequence[Panel] = PANELS) -> tuple[list[Panel], list[Panel]]:
+    """The panels some run has a metric of, and the ones none has (drawn as nothing, named in a note)."""
+    def has(panel: Panel) -> bool:
+        return any(run.series(key)[0] for run in runs for key, _ in panel.keys)
+    return [p for p in panels if has(p)], [p for p in panels if not has(p)]
+
+
+def training_figure(runs: Sequence[RunRecord], smooth: int = 5, panels: Sequence[Panel] = PANELS,
+                    cols: int = 2) -> bytes:
+    """A grid of `panels` that some run recorded, every run overlaid, guard actions marked as vertical lines."""
+    panels = recorded_panels(runs, panels)[0] or list(panels[:1])
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.0 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, panel in zip(axes.flat, PANELS, strict=False):
+    for ax, panel in zip(axes.flat, panels, strict=False):
         plotted = False
         for i, run in enumerate(runs):
             color = colors[i % len(colors)]
@@ -106,7 +118,7 @@ def training_figure(runs: Sequence[RunRecord], smooth: int = 5) -> bytes:
             ax.legend(fontsize=7, loc="best")
         else:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="gray")
-    for ax in list(axes.flat)[len(PANELS):]:
+    for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.tight_layout()
     return _png(fig)
