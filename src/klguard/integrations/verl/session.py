@@ -27,6 +27,7 @@ from klguard.config.restricted import load_restricted, with_host_defaults
 from klguard.config.schema import Config
 from klguard.guard import GuardSession, HostKeys, KLGuard
 from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
+from klguard.integrations.verl.prerequisites import missing_prerequisites
 from klguard.runtime.events import append_event
 
 STATE_FILE = "klguard_state.json"
@@ -212,6 +213,14 @@ def apply_relaunch_settings(verl_config: DictConfig) -> list[str]:
         _say("klguard: verl restores the lr scheduler from the checkpoint: the lower lr applies only with "
              "actor_rollout_ref.actor.checkpoint.load_contents=[model,optimizer]")
     return done
+
+
+def say_prerequisites(verl_config: DictConfig) -> list[str]:
+    """At start: one line for each thing the guard cannot do with this run's verl settings (see prerequisites)."""
+    lines = missing_prerequisites(verl_config)
+    for line in lines:
+        _say(line)
+    return lines
 
 
 def _say(message: str) -> None:

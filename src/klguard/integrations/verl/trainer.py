@@ -6,7 +6,7 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from klguard.integrations.verl.session import VerlGuard, apply_relaunch_settings
+from klguard.integrations.verl.session import VerlGuard, apply_relaunch_settings, say_prerequisites
 
 MODE = "klguard"
 
@@ -20,6 +20,7 @@ class KLGuardTrainer(PPOTrainerSync):
         with open_dict(config):
             config.trainer.v1.trainer_mode = "sync"  # verl's base class tests for the literal "sync"
         apply_relaunch_settings(config)
+        say_prerequisites(config)  # what the guard cannot do with these settings, one line each
         super().__init__(config)
         self.klguard: VerlGuard | None = None
 
