@@ -22,7 +22,7 @@ from klguard.config.foreign import VERL_CONFIG_NAMES, PluginFallback, find_forei
 from klguard.config.schema import Config
 from klguard.config.structured import build, omegaconf_schema
 from klguard.config.validate import validate
-from klguard.config.verl_keys import canonical, newer_engine_detail, verl_keys
+from klguard.config.verl_keys import canonical, in_free_form_map, newer_engine_detail, verl_keys
 from klguard.errors import ConfigError
 from klguard.fields import choice_fields, refusal
 
@@ -152,7 +152,8 @@ def _filter_known_keys(layer: dict, ignored: list[str]) -> dict:
         elif _under(key, ours):  # `a.b={c: 1}` where a.b is one of our single-value keys
             leaf = next(k for k in ours if key.startswith(k + "."))
             raise ConfigError(f"{leaf} takes a single value, not a mapping (got {key})")
-        elif top in _HYDRA_KEYS or key in verl_keys() or _under(key, verl_keys()) or newer_engine_detail(key):
+        elif top in _HYDRA_KEYS or key in verl_keys() or _under(key, verl_keys()) or newer_engine_detail(key) \
+                or in_free_form_map(key):
             ignored.append(key)
         else:
             raise ConfigError(_unknown_key_message(key, ours))

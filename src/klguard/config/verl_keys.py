@@ -36,7 +36,16 @@ OTHER_SPELLINGS = {
     "reward.reward_kwargs": "reward_model.reward_kwargs",
     "actor_rollout_ref.actor.optim.lr_decay_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
     "critic.optim.lr_decay_style": "critic.optim.lr_scheduler_type",
+    # SAPO's gate temperatures where verl's SAPO README and example lines put them (`+...policy_loss.tau_pos`); verl
+    # reads them from actor.tau_pos/tau_neg, and its PolicyLossConfig has no such field, so verl 0.9 itself stops at
+    # this spelling when it builds the actor's config: klguard takes it as actor.tau_pos/tau_neg, the README's meaning
+    "actor_rollout_ref.actor.policy_loss.tau_pos": "actor_rollout_ref.actor.tau_pos",
+    "actor_rollout_ref.actor.policy_loss.tau_neg": "actor_rollout_ref.actor.tau_neg",
 }
+# verl's free-form maps: verl hands them on whole (`ray_kwargs.ray_init` becomes ray.init's keyword arguments, its
+# runtime_env Ray's, env_vars a map of names), so any key under them is accepted, as Hydra's `+` and verl accept it;
+# klguard runs no Ray: they are listed in the "not applicable" warning
+FREE_FORM_MAPS = ("ray_kwargs.ray_init",)
 # Spellings of FSDP settings on verl main, by the end of the key: the compute dtype is klguard's fsdp_config.dtype
 # (autocast, weights and gradient reduction in fp32); the other parts are engine details klguard does not apply
 # (listed in the "not applicable" warning).
@@ -65,6 +74,11 @@ def _null_in_0_9_1() -> frozenset[str]:
     """The older reward keys that verl 0.9.1 keeps with the default null (not set)."""
     keys = _read("verl_0.9.1_keys.txt").items()
     return frozenset(k for k, v in keys if k.startswith(_LEGACY_SECTIONS) and v == "None")
+
+
+def in_free_form_map(key: str) -> bool:
+    """A key under one of verl's free-form maps (FREE_FORM_MAPS)."""
+    return any(key.startswith(name + ".") for name in FREE_FORM_MAPS)
 
 
 def newer_engine_detail(key: str) -> bool:
