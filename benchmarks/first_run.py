@@ -61,8 +61,11 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> dict:
         code = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"exit": code, "wall_s": round(time.monotonic() - start, 1), "cpu_s": round(cpu, 1),
-            "log_bytes": log.stat().st_size}
+    wall = time.monotonic() - start
+    # the machine's 1-minute load average at the end: near the command's own CPU share (cpu / wall) on an idle
+    # machine, higher where something else ran beside it
+    return {"exit": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "log_bytes": log.stat().st_size,
+            "load_1min_at_end": round(os.getloadavg()[0], 2), "own_cpu_share": round(cpu / wall, 2)}
 
 
 def fresh_env(home: Path) -> dict[str, str]:
