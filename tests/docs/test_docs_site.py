@@ -93,7 +93,8 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path) -> None:
     assert results.count("<table") >= 4, "the generated tables are included in the results page"
     api = (site / "api" / "guard" / "index.html").read_text()
     assert "observe" in api and "GuardSession" in api, "the API reference is generated from the docstrings"
-    assert (site / "assets" / "results" / "demo_report.png").is_file()
+    assert (site / "assets" / "results" / "demo_summary.png").is_file()
+    assert (site / "assets" / "results" / "demo_report.html").is_file()
 
 
 # Words that tell the project's history instead of what is: sessions, issues, past defaults, documents outside
