@@ -42,7 +42,7 @@ class GuardConfig:
 
     # Rule 2: share of the KL penalty in the reward
     penalty_share_max: float = opt(
-        0.5, "beta*KL per sequence / |mean score| above this: raise kl_coef (at 0.2 it ratcheted beta on the demo)",
+        0.5, "beta*KL per sequence / |mean score| above this: raise kl_coef (a raise lifts the share too)",
         rule=_POSITIVE)
     kl_coef_raise_factor: float = opt(1.5, "kl_coef multiplier of the penalty-share rule", rule=_FACTOR)
     kl_coef_max: float = opt(
@@ -85,7 +85,7 @@ class GuardConfig:
     )
 
     reanchor_rollbacks: int = opt(
-        1, "Only the first N rollbacks re-anchor the reference (at 3 the demo's reference moved into the leak)",
+        1, "Only the first N rollbacks re-anchor the reference (at 3 the demo's reference moves into the leak)",
         rule=_COUNT)
     reanchor_rules: list[str] = opt(
         list(REANCHOR_RULES), "Rollbacks by these rules may re-anchor (not kl_hard: the restored policy had strayed)")
@@ -110,18 +110,18 @@ class GuardConfig:
     # Rule 7: warm-up
     warmup_ratio: float = opt(0.2, "Share of total steps during which kl_coef is frozen", rule=interval("[0, 1]"))
     warmup_kl_coef: float | None = opt(
-        None, "kl_coef held during warm-up (null: no freeze; a freeze at 0 changed nothing measurable on the demo)",
+        None, "kl_coef held during warm-up (null: no freeze; a freeze at 0 makes no measurable difference on the demo)",
         rule=at_least(0, or_null=True),
     )
 
     # Rule 9: reward-hacking detector (no gold score needed)
     baseline_window: int = opt(10, "First steps averaged into the length/entropy baseline", rule=_STEPS)
     length_growth_max: float = opt(
-        0.5, "response_length/mean above (1 + this) x baseline: hacking signal (at 0.75 a run-on minority leaked 0.26)",
+        0.5, "response_length/mean above (1 + this) x baseline: hacking signal (at 0.75 a run-on minority leaks 0.26)",
         rule=_TOLERANCE
     )
     stable_length_growth: float = opt(
-        0.1, "Recent mean length above (1 + this) x baseline: no rollback target (0.2 re-anchored the demo to leaks)",
+        0.1, "Recent mean length above (1 + this) x baseline: no rollback target (at 0.2 the demo re-anchors to leaks)",
         rule=_TOLERANCE,
     )
     stable_length_window: int = opt(5, "Steps in that recent mean length", rule=_STEPS)
