@@ -97,11 +97,15 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path) -> None:
     assert (site / "assets" / "results" / "demo_report.html").is_file()
 
 
-# Words that tell the project's history instead of what is: sessions, issues, past defaults, documents outside
-# the repository. External projects' issues (verl #2653) name a repository and stay.
+# Words that tell the project's history instead of what is: sessions, issues, past defaults and runs, the
+# circumstances of a measurement (who, when, what was cut), folders outside the repository. External projects'
+# issues (verl #2653) name a repository and stay.
 HISTORY = re.compile(r"issue #\d|\bissues? \d|\bsession \d|previous session|this session|earlier session|"
                      r"seed document|the seed's|seed's recipe|generality issue|\(was \d|"
-                     r"/work/|shared/(?:reference|docs)")
+                     r"/work/|shared/(?:reference|docs)|\.\./shared/|"
+                     r"\bthis time\b|cut for time|previous defaults?\b|previous matrix|\bnew (?:guard )?defaults?\b|"
+                     r"\bthe default now\b|\b(?:was|were) re-run\b|the recipe before|nobody here|the issue's",
+                     re.IGNORECASE)
 
 
 def _user_facing_text() -> dict[str, str]:
