@@ -1,12 +1,15 @@
-"""Keys of verl v0.9.0's own FSDP example lines: SAPO's temperatures where verl's SAPO example puts them
-(`+actor_rollout_ref.actor.policy_loss.tau_pos`), and verl's free-form maps (`ray_kwargs.ray_init`: ray.init's
-keyword arguments, its runtime_env and env_vars) taking any key below them."""
+"""Keys of verl v0.9.0's own example lines: SAPO's temperatures where verl's SAPO example puts them
+(`+actor_rollout_ref.actor.policy_loss.tau_pos`), verl's free-form maps (`ray_kwargs.ray_init`: ray.init's keyword
+arguments, its runtime_env and env_vars) taking any key below them, Hydra's config-group choices
+(`actor@actor_rollout_ref.actor=mlite_actor`: another engine, the plugin's command) and Qwen3.5 (a vision-language
+model)."""
 
 from __future__ import annotations
 
 import pytest
 
 from klguard.config import ConfigError, load_config
+from klguard.config.foreign import PluginFallback
 
 A = "actor_rollout_ref.actor."
 SAPO = [f"{A}policy_loss.loss_mode=sapo", f"+{A}policy_loss.tau_pos=1.5", f"+{A}policy_loss.tau_neg=2.5"]
@@ -55,3 +58,25 @@ def test_outside_the_free_form_map_a_typo_is_still_refused():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["ray_kwargs.ray_inti.num_cpus=4"])
     assert str(info.value).startswith("unknown config key ray_kwargs.ray_inti.num_cpus")
+
+
+def test_a_config_group_choice_of_another_engine_gives_the_plugin_command():
+    """examples/grpo_trainer/run_qwen3_5_35b_megatron_lite.sh at v0.9.0: `actor@actor_rollout_ref.actor=mlite_actor`."""
+    with pytest.raises(PluginFallback) as info:
+        load_config(None, ["actor@actor_rollout_ref.actor=mlite_actor", f"{A}optim.lr=1e-6"])
+    assert "Megatron Lite engine" in str(info.value) and "\n" not in str(info.value)
+    assert info.value.command.endswith(
+        f"main_ppo actor@actor_rollout_ref.actor=mlite_actor {A}optim.lr=1e-6 trainer.v1.trainer_mode=klguard")
+
+
+def test_the_fsdp_choice_is_taken_and_another_refused_in_one_line():
+    assert load_config(None, ["actor@actor_rollout_ref.actor=dp_actor"]).ignored_verl_keys == [
+        "actor@actor_rollout_ref.actor"]
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["critic@critic=my_critic"])
+    assert str(info.value).startswith("critic@critic=my_critic chooses a verl config that klguard does not read")
+
+
+def test_a_qwen3_5_checkpoint_is_a_vision_language_model():
+    with pytest.raises(PluginFallback, match="multimodal"):
+        load_config(None, ["actor_rollout_ref.model.path=Qwen/Qwen3.5-27B"])

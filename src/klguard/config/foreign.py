@@ -23,7 +23,8 @@ VERL_MAIN = "python -m verl.trainer.main_ppo"
 VERL_CONFIG_NAMES = {"ppo_trainer": None, "ppo_megatron_trainer": "the Megatron-LM engine",
                      "ppo_veomni_trainer": "the VeOmni engine", "ppo_torchtitan_trainer": "the TorchTitan engine"}
 _ENGINES = {"megatron": "the Megatron-LM engine", "veomni": "the VeOmni engine", "torchtitan": "the TorchTitan engine",
-            "automodel": "the NeMo AutoModel engine", "mindspeed": "the MindSpeed engine"}
+            "automodel": "the NeMo AutoModel engine", "mindspeed": "the MindSpeed engine",
+            "mlite": "the Megatron Lite engine"}
 _OWN_ENGINES = {"fsdp", "fsdp2", "dp", "fsdp_turbo", "none"}
 
 
@@ -31,8 +32,10 @@ def _truthy(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"))
 
 
-# hub names of vision-language models (Qwen2.5-VL, Qwen3-VL, GLM-4.1V, MiniCPM-o, LLaVA, InternVL, ...)
-_VISION_NAME = re.compile(r"(?i)((^|[-_.])vl([-_.]|$)|glm-4\.\dv|minicpm-[ov]|llava|internvl|idefics|pixtral)")
+# hub names of vision-language models (Qwen2.5-VL, Qwen3-VL, GLM-4.1V, MiniCPM-o, LLaVA, InternVL, ...; Qwen3.5,
+# whose transformers config, Qwen3_5Config, holds a vision tower)
+_VISION_NAME = re.compile(
+    r"(?i)((^|[-_.])vl([-_.]|$)|glm-4\.\dv|minicpm-[ov]|llava|internvl|idefics|pixtral|qwen3[._]5)")
 
 
 def _vision_model(path: Any) -> bool:
@@ -52,6 +55,9 @@ def _feature(key: str, value: Any) -> str | None:
     """What a (key, value) asks for that klguard's trainer does not run, or None."""
     parts = key.split(".")
     text = str(value).strip().lower() if isinstance(value, (str, bool, int, float)) else ""
+    if "@" in key:  # a Hydra config-group choice, `actor@actor_rollout_ref.actor=mlite_actor`
+        engine = next((name for name in _ENGINES if name in text), None)
+        return None if engine is None else _ENGINES[engine]
     if key == "model_engine" and text not in _OWN_ENGINES:
         return _ENGINES.get(text, f"the {value} engine")
     if parts[-1] == "strategy" and text in _ENGINES:

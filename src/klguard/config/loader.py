@@ -105,12 +105,20 @@ def _read_yaml(path: Path) -> dict:
 
 
 _OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w.]*)=(.*)$", re.DOTALL)
+# Hydra's choice of a config group's option for a package, `actor@actor_rollout_ref.actor=dp_actor`: one key as written
+_GROUP_CHOICE = re.compile(r"^\+{0,2}([A-Za-z_][\w/]*@[A-Za-z_][\w.]*)=(\w+)$")
+# verl's options of its config groups that are the FSDP engine klguard runs (the others ask for another engine)
+FSDP_GROUP_OPTIONS = frozenset({"dp_actor", "dp_critic", "dp_ref", "fsdp", "dp"})
 
 
 def _parse_overrides(overrides: Sequence[str]) -> dict:
     """verl/Hydra syntax: `a.b=1`, `+a.b=1`, `++a.b=1`, values parsed as YAML (lists, null, numbers)."""
     tree: dict = {}
     for item in overrides:
+        choice = _GROUP_CHOICE.match(item)
+        if choice:
+            tree[choice.group(1)] = choice.group(2)
+            continue
         match = _OVERRIDE.match(item)
         if not match:
             raise ConfigError(f"override '{item}' is not of the form key.path=value")
@@ -147,6 +155,12 @@ def _filter_known_keys(layer: dict, ignored: list[str]) -> dict:
         top = key.split(".")[0]
         if key == "trainer.logger" and isinstance(value, str):  # verl takes one tracker's name as well as a list
             value = [value]
+        if "@" in key:  # a config group's option: verl's FSDP ones are what klguard runs anyway
+            if value not in FSDP_GROUP_OPTIONS:
+                raise ConfigError(f"{key}={value} chooses a verl config that klguard does not read (its FSDP "
+                                  f"options: {', '.join(sorted(FSDP_GROUP_OPTIONS))})")
+            ignored.append(key)
+            continue
         if key in ours or _under(key, free_form) or (isinstance(value, dict) and key in free_form):
             _set(kept, key, value)
         elif _under(key, ours):  # `a.b={c: 1}` where a.b is one of our single-value keys
