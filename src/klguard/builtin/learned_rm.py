@@ -32,7 +32,8 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from klguard.config.schema import LearnedRMConfig, SFTConfig
 from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.gsm8k import compute_score
 from klguard.reward.model_rm import render_chat
+from klguard.runtime.build_lock import build_lock
 
 RM_FORMAT_VERSION = 2  # bump when the recipe's meaning changes, so stale caches are not reused
 SAMPLE_BATCH = 256
@@ -234,10 +236,10 @@ def pair_loss(model, ids: torch.Tensor, mask: torch.Tensor, pairs: torch.Tensor)
 
 
 def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...], cfg: LearnedRMConfig, tokenizer,
-             policy: Path, seed: int, member: int = 0, pairs: torch.Tensor | None = None
-             ) -> tuple[torch.nn.Module, dict]:
+             policy: Path, seed: int, member: int = 0, pairs: torch.Tensor | None = None,
+             progress: Callable[[str], None] | None = None) -> tuple[torch.nn.Module, dict]:
     """One member fit to (a resample of) the training set, with `cfg.pairwise` the Bradley-Terry loss on (its share
-    of) the contrast `pairs` added, and its accuracy on both sets."""
+    of) the contrast `pairs` added, and its accuracy on both sets; `progress` hears of each epoch."""
     ids, mask, y = train
     rows = member_rows(cfg, member, len(y))
     if pairs is None or not cfg.pairwise:
@@ -252,7 +254,8 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
     gen = torch.Generator().manual_seed(seed + member)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     loss = torch.zeros(())
-    for _ in range(cfg.epochs):
+    started = time.monotonic()
+    for epoch in range(cfg.epochs):
         model.train()
         batches = rows[torch.randperm(len(rows), generator=gen)].split(cfg.batch_size)
         pair_batches = pairs[torch.randperm(len(pairs), generator=gen)].chunk(len(batches))  # [] when no pairs
@@ -264,6 +267,9 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
             optim.step()
             schedule.step()
             optim.zero_grad(set_to_none=True)
+        if progress is not None:
+            progress(f"epoch {epoch + 1}/{cfg.epochs}, last batch loss {float(loss.detach()):.3f}, "
+                     f"{time.monotonic() - started:.0f} s")
     model.eval()
     return model, {"train_accuracy": _accuracy(model, *train), "held_out_accuracy": _accuracy(model, *held_out),
                    "gold_correct_share": float(held_out[2].mean()), "final_loss": float(loss.detach()),
@@ -271,12 +277,18 @@ def train_rm(train: tuple[torch.Tensor, ...], held_out: tuple[torch.Tensor, ...]
 
 
 def fit_rms(policy: Path, cfg: LearnedRMConfig, rows: list[dict], seed: int, target: Path, *,
-            max_new_tokens: int) -> dict:
-    """Fit one RM (or `ensemble_size` members in `member-<i>/`) on `rows` into `target`; their mean metrics."""
+            max_new_tokens: int, name: str = "learned RM", log: Callable[[str], None] = print) -> dict:
+    """Fit one RM (or `ensemble_size` members in `member-<i>/`) on `rows` into `target`; their mean metrics.
+    `log` hears one line as sampling starts and one per member and epoch."""
+    log(f"klguard: {name}: sampling and labelling {len(rows)} responses of the SFT policy")
+    started = time.monotonic()
     train, held_out, tokenizer, pairs = rm_dataset(policy, cfg, rows, seed, max_new_tokens=max_new_tokens)
+    log(f"klguard: {name}: {len(train[2])} training examples in {time.monotonic() - started:.0f} s")
     members = []
     for member in range(cfg.ensemble_size):
-        model, metrics = train_rm(train, held_out, cfg, tokenizer, policy, seed, member, pairs)
+        def progress(line: str, member: int = member) -> None:
+            log(f"klguard: {name}: member {member + 1}/{cfg.ensemble_size}, {line}")
+        model, metrics = train_rm(train, held_out, cfg, tokenizer, policy, seed, member, pairs, progress)
         folder = target if cfg.ensemble_size == 1 else target / f"member-{member}"
         model.save_pretrained(folder, safe_serialization=True)
         tokenizer.save_pretrained(folder)
@@ -294,15 +306,23 @@ def ensure_learned_rm(cfg: LearnedRMConfig, sft: SFTConfig, policy: Path, *, for
     out = learned_rm_dir(cfg, sft, policy, max_new_tokens)
     if not force and (out / "rm_metrics.json").is_file():
         return out
+    with build_lock(out, "the learned reward model", log):
+        if not force and (out / "rm_metrics.json").is_file():
+            return out  # fitted by the process this one waited for
+        return _fit_learned_rm(cfg, policy, out, form=form, max_new_tokens=max_new_tokens, force=force, log=log)
+
+
+def _fit_learned_rm(cfg: LearnedRMConfig, policy: Path, out: Path, *, form: str, max_new_tokens: int, force: bool,
+                    log) -> Path:
     log(f"klguard: fitting the learned reward model to {cfg.samples} samples of the SFT policy (cached at {out})")
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     # one stream of distinct problems: the proxy's first, the audit RM's after them (disjoint by construction)
     rows = make_arith_rows(cfg.samples * (2 if cfg.audit else 1), "train", 1000 + cfg.seed, form=form)
-    metrics = fit_rms(policy, cfg, rows[: cfg.samples], cfg.seed, tmp, max_new_tokens=max_new_tokens)
+    metrics = fit_rms(policy, cfg, rows[: cfg.samples], cfg.seed, tmp, max_new_tokens=max_new_tokens, log=log)
     if cfg.audit:
         metrics["audit"] = fit_rms(policy, cfg, rows[cfg.samples :], cfg.seed + AUDIT_SEED_OFFSET, tmp / "audit",
-                                   max_new_tokens=max_new_tokens)
+                                   max_new_tokens=max_new_tokens, name="audit RM", log=log)
     metrics["recipe"] = rm_recipe(cfg, policy, max_new_tokens)
     (tmp / "rm_metrics.json").write_text(json.dumps(metrics, indent=1))
     publish(tmp, out, "rm_metrics.json", replace=force)

@@ -30,6 +30,7 @@ from klguard.builtin.tiny import build_tiny_llama, save_hf_folder
 from klguard.config.schema import Config, SFTConfig
 from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.gsm8k import compute_score
+from klguard.runtime.build_lock import build_lock
 
 SFT_FORMAT_VERSION = 3  # bump when the recipe changes, so stale caches are not reused (3: the policy ships)
 POOL_SIZE = 30_000
@@ -96,12 +97,15 @@ def ensure_sft_policy(cfg: SFTConfig, *, form: str = "a+b-c", force: bool = Fals
         shipped = shipped_policy(sft_recipe(cfg, form))
         if shipped is not None:
             return shipped
-    log(f"klguard sft: training the built-in policy (cached at {out})")
-    tmp = out.with_name(out.name + f".partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    metrics = run_sft(cfg, tmp, form=form, log=log)
-    (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=1))
-    publish(tmp, out, "sft_metrics.json", replace=force)
+    with build_lock(out, "the SFT policy", log):
+        if not force and (out / "sft_metrics.json").is_file():
+            return out  # trained by the process this one waited for
+        log(f"klguard sft: training the built-in policy (cached at {out})")
+        tmp = out.with_name(out.name + f".partial-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        metrics = run_sft(cfg, tmp, form=form, log=log)
+        (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=1))
+        publish(tmp, out, "sft_metrics.json", replace=force)
     return out
 
 
