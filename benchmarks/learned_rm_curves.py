@@ -1,7 +1,9 @@
 """The learned-RM exploit's curves: validation gold, the RM's score on rollouts and the RM ensemble's spread.
 
-    python benchmarks/learned_rm_curves.py benchmarks/results/hacking/learned_rm/sft0 \\
-        --runs verl_default_s1 fixed_0.3_s1 guarded_s1 --out benchmarks/results/learned_rm_curves.png
+    python benchmarks/hacking.py --out OUT --exploits learned_rm --sft-seeds 0 --seeds 1 \\
+        --only verl_default fixed_0.3 guarded
+    python benchmarks/learned_rm_curves.py OUT/hacking/learned_rm/sft0 \\
+        --runs verl_default_s1 fixed_0.3_s1 guarded_s1 --out curves.png
 
 One column per run (benchmarks/hacking.py's run directories): gold (never optimised) against the proxy PPO
 optimises, and the gold-free signal that sees neither, with the guard's rollbacks and pauses as vertical lines.

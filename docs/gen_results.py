@@ -84,7 +84,7 @@ def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
 
-# --- the demo's eleven KL settings -------------------------------------------------------------------------------
+# --- the demo's KL settings (hacking_demo_seeds.json) ------------------------------------------------------------
 
 def demo_seeds() -> str:
     data = load("hacking_demo_seeds.json")
