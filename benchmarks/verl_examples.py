@@ -1,21 +1,23 @@
 """verl's own launch lines through `klguard train`: every script under verl's examples/ that runs
 `verl.trainer.main_ppo`, with its models and data swapped for tiny local ones, as a verl user would type it.
 
-    python benchmarks/verl_examples.py /work/.mirror/volcengine+verl/repo            # HEAD of a bare clone
-    python benchmarks/verl_examples.py MIRROR --ref v0.9.0 --train                   # + 2 CPU steps per FSDP line
+    python benchmarks/verl_examples.py MIRROR --ref v0.9.0            # a tag of a bare clone
+    python benchmarks/verl_examples.py MIRROR                          # its HEAD; --train: + 2 CPU steps per FSDP line
 
-MIRROR is a git directory of github.com/volcengine/verl (a bare clone is enough; nothing of verl is copied into this
-repository). Each script's shell variables are expanded (assignments, `${X:-default}`, `$((arithmetic))`), its
-`python -m verl.trainer.main_ppo ...` arguments taken, the paths swapped: data files for a GSM8K-format parquet,
-model and tokenizer paths for a tiny random Qwen2 (a vision-language model's name is kept, so the line still asks
-for one), reward-model paths for a tiny Llama RM, a custom reward file for one of ours. Then
-`klguard train --print-config` runs in-process and the outcome is counted: loads / a one-line refusal (with verl's
-command for the plugin, or other) / a traceback (any exception escaping klguard's own error handling).
+MIRROR is a git directory of github.com/verl-project/verl (a bare clone is enough; nothing of verl is copied into
+this repository). Each script runs in bash from a copy of the ref's examples/, its launcher (`python3`, `uv run`)
+caught as a shell function, so its arrays, `case`s and defaults are bash's own; the arguments after
+`verl.trainer.main_ppo` are taken and the paths swapped: data files for a GSM8K-format parquet, model and tokenizer
+paths for a tiny random Qwen2 (a vision-language model's name is kept, so the line still asks for one), reward-model
+paths for a tiny Llama RM, a custom reward file for one of ours. Then `klguard train --print-config` runs in-process
+and the outcome is counted: loads / a one-line refusal (with verl's command for the plugin, or other) / a traceback
+(any exception escaping klguard's own error handling) / unparsed (the script ends before its launch).
 
-Each line is classed from its own text, apart from klguard's detection: megatron, veomni, multimodal, npu,
-multi_turn, distillation, else fsdp_text. `--train` then trains every fsdp_text line that loads for 2 steps on the
-CPU (batch sizes and lengths cut to fit; everything else as the line gives it) and counts trained / one-line stop /
-traceback. Writes benchmarks/results/verl_examples.json.
+Each line is classed from its own text, apart from klguard's detection: megatron, veomni, another engine
+(mindspeed, megatron_lite, ...), npu, multimodal, multi_turn, distillation, else fsdp_text. `--train` then trains
+every fsdp_text line that loads for 2 steps on the CPU (batch sizes and lengths cut to fit; everything else as the
+line gives it) and counts trained / one-line stop / traceback. Writes the run, keyed by its ref, into
+benchmarks/results/verl_examples.json (the other refs' runs stay).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import io
 import json
 import os
 import re
-import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -42,7 +44,8 @@ PATH_KEYS = {"actor_rollout_ref.model.path": "policy", "critic.model.path": "pol
              "actor_rollout_ref.model.tokenizer_path": "policy", "critic.model.tokenizer_path": "policy",
              "reward_model.model.path": "rm", "reward.reward_model.model_path": "rm",
              "reward_model.model.input_tokenizer": "policy",
-             "data.train_files": "train", "data.val_files": "val", "custom_reward_function.path": "reward_file"}
+             "data.train_files": "train", "data.val_files": "val", "custom_reward_function.path": "reward_file",
+             "reward.custom_reward_function.path": "reward_file"}
 # a CPU run of 2 steps in one process: the line's own settings, with batch sizes, lengths and sharding cut to fit
 SMALL_RUN = ("actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", "actor_rollout_ref.ref.fsdp_config.fsdp_size=-1",
              "critic.model.fsdp_config.fsdp_size=-1",
@@ -53,7 +56,8 @@ SMALL_RUN = ("actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", "actor_rollout_
              "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
              "trainer.val_before_train=false", "trainer.device=cpu", "trainer.logger=[jsonl]",
              "trainer.progress_bar=false", "trainer.resume_mode=disable", "trainer.report=false")
-VISION = re.compile(r"(?i)(-vl\b|-vl-|vl-|glm-4\.\dv|minicpm-o|llava|internvl|geo3k)")
+# vision-language models and image data; Qwen3.5 checkpoints have a vision tower (transformers' Qwen3_5Config)
+VISION = re.compile(r"(?i)(-vl\b|-vl-|vl-|glm-4\.\dv|minicpm-o|llava|internvl|geo3k|qwen3[._]5)")
 
 
 # ---------------------------------------------------------------- reading the scripts
@@ -76,58 +80,73 @@ def extract_examples(mirror: Path, ref: str, into: Path) -> None:
         tar.extractall(into, filter="data")
 
 
-_VAR = re.compile(r"\$\(\((?P<arith>[^)]*)\)\)|\$\{(?P<braced>[A-Za-z_]\w*|\d+)(?::?[-=+](?P<default>[^}]*))?\}"
-                  r"|\$(?P<plain>[A-Za-z_]\w*)")
+# Each script runs in bash as a user would run it (arrays, `case`, `if`, `$(...)`, defaults), with `python`, `python3`,
+# `uv` and `torchrun` as shell functions: the first call whose arguments hold verl's entry point writes them and
+# ends the script; any other call does nothing (`python3 -c ...`, an import probe, fails, as on a machine without
+# Ascend's torch_npu; `ulimit` does nothing). PATH holds only the tools below, so nothing else (downloads, installs)
+# runs; HOME and the working folder are a temporary folder. A variable the script requires of its user (bash's
+# "unbound variable" under `set -u`, or `${X:?message}`) is set, empty or to a placeholder folder, and the script
+# run again.
+TOOLS = ("mkdir", "cat", "dirname", "basename", "date", "tee", "seq", "nproc", "hostname", "realpath", "readlink",
+         "head", "tail", "tr", "sed", "awk", "grep", "cut", "wc", "expr", "env", "true", "false", "printf", "ls",
+         "pwd", "id", "whoami", "uname", "bc")
+SHIMS = r"""
+_verl_launch() {
+  local i
+  for ((i = 1; i <= $#; i++)); do
+    if [[ "${!i}" == verl.trainer.main_ppo* ]]; then
+      [ -e "$VERL_ARGS" ] || printf '%s\0' "${@:i}" > "$VERL_ARGS"
+      exit 0
+    fi
+  done
+  [ "${1:-}" != -c ]
+}
+python() { _verl_launch "$@"; }
+python3() { _verl_launch "$@"; }
+uv() { _verl_launch "$@"; }
+torchrun() { _verl_launch "$@"; }
+hf() { :; }
+huggingface-cli() { :; }
+ulimit() { :; }
+source "$0"
+"""
+_REQUIRED = re.compile(r"line \d+: ([A-Za-z_]\w*): (.*)$")
 
 
-def expand(text: str, env: dict[str, str]) -> str:
-    def one(m: re.Match) -> str:
-        if m.group("arith") is not None:
-            expr = expand(m.group("arith"), env)
-            expr = re.sub(r"\b([A-Za-z_]\w*)\b", lambda v: env.get(v.group(1), "0"), expr)
+def launch_line(script: str | Path, env: dict[str, str], cwd: Path | None = None
+                ) -> tuple[list[str] | None, dict[str, str]]:
+    """(the entry point and its arguments, `verl.trainer.main_ppo...` then the words after it, as bash gives them to
+    the script's launch, or None where the script ends without one; the variables set for it). `script`: its text,
+    or its file."""
+    with tempfile.TemporaryDirectory(prefix="verl_line_") as tmp:
+        tmp_dir = Path(tmp)
+        tools = tmp_dir / "bin"
+        tools.mkdir()
+        for tool in TOOLS:
+            found = shutil.which(tool)
+            if found:
+                (tools / tool).symlink_to(found)
+        if not isinstance(script, Path):
+            (tmp_dir / "script.sh").write_text(script)
+            script = tmp_dir / "script.sh"
+        out, given = tmp_dir / "args", {}
+        for _ in range(8):
+            run_env = {"HOME": str(tmp_dir), "PWD": str(cwd or tmp_dir), **env, **given, "PATH": str(tools),
+                       "VERL_ARGS": str(out)}
             try:
-                return str(int(eval(expr, {"__builtins__": {}})))
-            except Exception:
-                return "0"
-        name = m.group("braced") or m.group("plain")
-        if name in env and env[name] != "":
-            return env[name]
-        return expand(m.group("default"), env) if m.group("default") is not None else env.get(name, "")
-    for _ in range(4):  # nested references
-        new = _VAR.sub(one, text)
-        if new == text:
-            break
-        text = new
-    return text
-
-
-_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
-
-
-def launch_line(script: str, env: dict[str, str]) -> list[str] | None:
-    """The arguments after `-m verl.trainer.main_ppo`, the script's variables expanded as bash would (mostly)."""
-    lines = re.sub(r"\\\s*\n", " ", script).splitlines()
-    env = dict(env)
-    for raw in lines:
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if MAIN in line:
-            args = line.split(MAIN, 1)[1]
-            args = re.split(r"\s(?:2>&1|\||>>?|&&|;)\s", " " + args + " ")[0]
-            try:
-                words = shlex.split(expand(args, env), comments=True)
-            except ValueError:
-                return None
-            return [w for w in words if w not in ("$@", "${@}", "") and not w.startswith("$")]
-        m = _ASSIGN.match(line)
-        if m and "$(" not in m.group(2).replace("$((", ""):
-            try:
-                value = shlex.split(expand(m.group(2), env), comments=True)
-            except ValueError:
-                continue
-            env[m.group(1)] = " ".join(value)
-    return None
+                proc = subprocess.run(["/bin/bash", "-c", SHIMS, str(script)], cwd=cwd or tmp_dir, env=run_env,
+                                      capture_output=True, text=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                return None, given
+            if out.is_file():
+                return out.read_text().split("\0")[:-1], given
+            last = (proc.stderr.strip().splitlines() or [""])[-1]
+            required = _REQUIRED.search(last)
+            if required is None or required.group(1) in given:
+                return None, given
+            name = required.group(1)
+            given[name] = "" if required.group(2) == "unbound variable" else f"{cwd or tmp_dir}/user/{name.lower()}"
+        return None, given
 
 
 def split_args(words: list[str]) -> tuple[list[str], list[str]]:
@@ -163,6 +182,12 @@ def line_class(name: str, words: list[str], examples: Path) -> str:
         return "megatron"
     if "veomni" in both.lower():
         return "veomni"
+    engine = re.search(r"model_engine=(\w+)|strategy=(torchtitan|automodel|mindspeed)\b", both)
+    if engine and (engine.group(1) or engine.group(2)) not in ("fsdp", "fsdp2", "dp"):
+        return engine.group(1) or engine.group(2)
+    choice = re.search(r"@\S+=\w*?(mlite|torchtitan|automodel|mindspeed)", keys)  # `actor@...=mlite_actor`
+    if choice:
+        return {"mlite": "megatron_lite"}.get(choice.group(1), choice.group(1))
     if re.search(r"device=npu|profiler\.tool=npu|tool: npu", both):
         return "npu"
     if VISION.search(both):
@@ -200,7 +225,7 @@ def swap(overrides: list[str], assets: dict[str, str], run_dir: Path) -> list[st
         bare = key.lstrip("+")
         if bare in PATH_KEYS and not (PATH_KEYS[bare] == "policy" and VISION.search(value)):
             value = assets[PATH_KEYS[bare]]
-        elif bare == "custom_reward_function.name":
+        elif bare in ("custom_reward_function.name", "reward.custom_reward_function.name"):
             value = "compute_score"
         elif bare == "trainer.default_local_dir":
             value = str(run_dir)
@@ -260,7 +285,7 @@ def train_two_steps(hydra: list[str], overrides: list[str], cwd: Path, timeout: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mirror", type=Path, help="git directory of github.com/volcengine/verl (bare is enough)")
+    parser.add_argument("mirror", type=Path, help="git directory of github.com/verl-project/verl (bare is enough)")
     parser.add_argument("--ref", default="HEAD", help="tag or commit (default: HEAD)")
     parser.add_argument("--train", action="store_true", help="train each loading fsdp_text line 2 steps on the CPU")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per training run")
@@ -269,23 +294,27 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="verl_examples_"))
     extract_examples(args.mirror, args.ref, work)
     assets = build_assets(work / "assets")
-    env = {"HOME": str(work / "home"), "PROJECT_DIR": str(work), "PWD": str(work), "CONFIG_PATH": "",
-           "NNODES": "1", "NGPUS_PER_NODE": "8", "GPUS_PER_NODE": "8", "n_gpus_per_node": "8"}
+    env = {"HOME": str(work / "home"), "PROJECT_DIR": str(work), "PWD": str(work), "CONFIG_PATH": ""}
     commit = subprocess.run(["git", "-C", str(args.mirror), "rev-parse", args.ref], capture_output=True, text=True,
                             check=True).stdout.strip()
     version = show(args.mirror, args.ref, "verl/version/version").strip()
+    commit_date = subprocess.run(["git", "-C", str(args.mirror), "log", "-1", "--format=%cs", args.ref],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    klguard_commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
     lines = {}
     for name in list_scripts(args.mirror, args.ref):
-        words = launch_line(show(args.mirror, args.ref, name), env)
+        words, given = launch_line(work / name, env, cwd=work)
         if words is None:
-            lines[name] = {"class": "unparsed", "outcome": "unparsed", "message": ""}
+            lines[name] = {"class": "unparsed", "outcome": "unparsed", "message": "", "variables_set": given}
             continue
+        entry, words = words[0], words[1:]
         hydra, overrides = split_args(words)
         run_dir = work / "runs" / name.replace("/", "__")
         swapped = swap(overrides, assets, run_dir)
         outcome, message = print_config(hydra, swapped, work)
         lines[name] = {"class": line_class(name, words, work / "examples"), "outcome": outcome, "message": message,
-                       "args": hydra + swapped}
+                       "entry": entry, "variables_set": given, "args": hydra + swapped}
         print(f"{outcome:<12} {lines[name]['class']:<13} {name}  {message[:150]}", flush=True)
     if args.train:
         for name, rec in lines.items():
@@ -297,12 +326,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"train {rec['train']:<14} {rec['train_seconds']:6.0f}s {name}  {rec['train_message'][:150]}",
                       flush=True)
     summary = _summary(lines)
-    result = {"machine": MACHINE, "mirror_ref": args.ref, "commit": commit, "verl_version": version,
-              "summary": summary, "lines": lines}
+    lines = json.loads(json.dumps(lines).replace(str(work), "$WORK"))  # the temporary folder, named once
+    run = {"machine": MACHINE, "command": " ".join(["python benchmarks/verl_examples.py MIRROR", *argv_shown(args)]),
+           "ref": args.ref, "commit": commit, "commit_date": commit_date, "verl_version": version,
+           "klguard_commit": klguard_commit, "summary": summary, "lines": lines}
+    result = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    result = {"runs": {**result.get("runs", {}), args.ref: run}}  # one run per ref: the tag and the newest snapshot
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(summary, indent=1))
-    print(f"written: {args.out}")
+    print(f"written: {args.out} (runs: {', '.join(result['runs'])})")
     return 0
+
+
+def argv_shown(args) -> list[str]:
+    return [f"--ref {args.ref}"] + (["--train"] if args.train else [])
 
 
 def _summary(lines: dict) -> dict:

@@ -368,6 +368,41 @@ def soak() -> str:
     return table(["soak (`python benchmarks/soak.py`)", "measured"], rows)
 
 
+# --- verl's own example lines (benchmarks/verl_examples.py) -------------------------------------------------------
+
+VERL_CLASSES = {"fsdp_text": "FSDP text model", "megatron": "Megatron-LM", "megatron_lite": "Megatron Lite",
+                "veomni": "VeOmni", "mindspeed": "MindSpeed", "torchtitan": "TorchTitan", "automodel": "NeMo AutoModel",
+                "npu": "Ascend NPU", "multimodal": "multimodal", "multi_turn": "multi-turn tools",
+                "distillation": "on-policy distillation", "unparsed": "script ends before its launch"}
+VERL_OUTCOMES = ("loads", "plugin_line", "refusal", "traceback", "unparsed")
+
+
+def verl_examples() -> str:
+    """One table per verl ref measured: each class of line, how many load, get the plugin's command, another one-line
+    refusal, a traceback; the other refusals and tracebacks named below it."""
+    out = []
+    for ref, run in load("verl_examples.json")["runs"].items():
+        by_class = run["summary"]["by_class"]
+        order = [c for c in VERL_CLASSES if c in by_class] + sorted(c for c in by_class if c not in VERL_CLASSES)
+        rows = [[VERL_CLASSES.get(c, c), sum(by_class[c].values()), *(by_class[c].get(o, 0) for o in VERL_OUTCOMES)]
+                for c in order]
+        totals = run["summary"]["outcomes"]
+        rows.append(["all", run["summary"]["lines"], *(totals.get(o, 0) for o in VERL_OUTCOMES)])
+        name = "main, the newest snapshot read" if ref == "HEAD" else f"`{ref}`"
+        out.append(f"verl {name} (commit `{run['commit'][:8]}` of {run['commit_date']}, version {run['verl_version']}"
+                   f"), `{run['command']}`, klguard at `{run['klguard_commit']}`, {run['machine']}:\n")
+        out.append(table(["Lines (class)", "Scripts", "Load", "Give the one line with verl's command",
+                          "Other refusal", "Traceback", "Not read"], rows))
+        odd = [(n, r) for n, r in run["lines"].items() if r["outcome"] in ("refusal", "traceback", "unparsed")
+               or (r["class"] == "fsdp_text") != (r["outcome"] == "loads")]
+        out += [f"- `{n}`: {r['outcome']}, {r['message'] or 'no launch line'}\n" for n, r in odd]
+        trained = run["summary"]["fsdp_text_training"]
+        out.append(("Trained 2 steps on the CPU (`--train`): " + ", ".join(f"{v} {k}" for k, v in trained.items())
+                    if trained else "Loaded by `klguard train --print-config`; not trained (no `--train`).")
+                   + "\n")
+    return "\n".join(out)
+
+
 # --- the guard's keys, from its schema ---------------------------------------------------------------------------
 
 def guard_keys() -> str:
@@ -465,6 +500,7 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "guard_signals.md": ("src/klguard/guard/state.py and config.py", guard_signals),
     "config_keys.md": ("src/klguard/config/ (the schema)", config_keys),
     "verl_ignored.md": ("src/klguard/resources/verl*_keys.txt and the schema", verl_ignored),
+    "verl_examples.md": ("benchmarks/results/verl_examples.json", verl_examples),
 }
 
 
