@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -37,6 +38,11 @@ def test_each_missing_setting_gives_its_own_line():
     assert [line.split(" ")[1] for line in missing_prerequisites(no_saves)] == ["trainer.save_freq=0"]
     no_kl = OmegaConf.merge(READY, {"algorithm": {"use_kl_in_reward": False}})
     assert ["kl_hard" in line for line in missing_prerequisites(no_kl)] == [True]
+
+
+def test_the_verl_page_shows_the_lines_as_the_plugin_prints_them():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "verl.md").read_text()
+    assert all(f"    {line}\n" in page for line in missing_prerequisites({}))
 
 
 def test_a_disabled_guard_says_nothing():

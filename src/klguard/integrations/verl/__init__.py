@@ -1,6 +1,6 @@
 """klguard inside verl 0.9.1 (`pip install 'klguard[verl]'`): trainer mode `klguard`.
 
-    python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=klguard +klguard.guard.kl_hard_limit=0.2
+    python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=klguard +klguard.guard.kl_hard_limit=0.8
 
 `import verl` loads the `verl.plugins` entry point `klguard` (klguard.integrations.verl.plugin), which registers
 `KLGuardTrainer`, verl's synchronous PPO trainer with klguard's guard after each step. `session` holds what the

@@ -36,7 +36,7 @@ KEY_PREFIXES = ("guard.",)
 
 
 def guard_settings(verl_config: DictConfig) -> Config:
-    """klguard's keys from the launch line's `+klguard.*` block (`+klguard.guard.kl_hard_limit=0.2`)."""
+    """klguard's keys from the launch line's `+klguard.*` block (`+klguard.guard.kl_hard_limit=0.8`)."""
     block = verl_config.get("klguard") or {}
     tree = OmegaConf.to_container(block, resolve=True) if OmegaConf.is_config(block) else dict(block)
     overrides = [f"{key}={json.dumps(value)}" for key, value in _flatten(tree)]
