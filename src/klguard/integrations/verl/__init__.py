@@ -1,4 +1,4 @@
-"""klguard inside verl 0.9.1 (`pip install 'klguard[verl]'`): trainer mode `klguard`.
+"""klguard inside verl 0.9.1 (`pip install -e '.[verl]'` in klguard's clone): trainer mode `klguard`.
 
     python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=klguard +klguard.guard.kl_hard_limit=0.8
 
