@@ -19,8 +19,13 @@ EPILOG = (
 )
 
 
-WATCH_EPILOG = ("Example: klguard watch --follow train.log --map train_reward=critic/score/mean || { [ $? -eq 3 ] "
+WATCH_EPILOG = ("Exit codes: 0 calm (the summary names the failures no rule could see for want of an input), 2 bad "
+                "input, 3 the guard would roll back or pause, 4 blind: no rule could fire on the log (the hint names "
+                "what it saw and the --map to try). "
+                "Example: klguard watch --follow train.log --map train_reward=critic/score/mean || { [ $? -eq 3 ] "
                 "&& scancel $JOB; } (cancels the job on exit 3 only). Options and key=value settings go in any order. "
+                "Names no trainer's map knows are read by what they mean (reward, kl, entropy, length, eval accuracy, "
+                "...); --map goes first. "
                 "The guard's keys as in `klguard train --describe-config`; formats and names: docs/watch.md.")
 
 
@@ -77,22 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", metavar="FILE", help="output file (default: report.html in the first RUN_DIR)")
     report.add_argument("--debug", action="store_true", help="show full tracebacks")
     watch = sub.add_parser("watch", help="the guard in advisory mode over any trainer's log: exit 0 calm, 3 when it "
-                           "would roll back or pause, 2 on bad input", epilog=WATCH_EPILOG)
+                           "would roll back or pause, 2 on bad input, 4 when no rule could fire", epilog=WATCH_EPILOG)
     watch.add_argument("path", metavar="PATH", help="a log file or folder, its format told from its content: verl's or "
                        "TRL's console output, any JSON lines, trainer_state.json, `step: N name: value` lines, CSV, "
-                       "TensorBoard, an MLflow or W&B run, a klguard run")
+                       "pipe or whitespace tables, TensorBoard, an MLflow or W&B run, a klguard run")
     watch.add_argument("--follow", action="store_true", help="keep reading as the log grows, waiting for it to "
                        "appear if it does not exist yet (Ctrl-C: exit 0)")
     watch.add_argument("--format", choices=FORMATS, help="the log's format (default: detected)")
     watch.add_argument("--events", metavar="FILE", help="where decisions go (default: events.jsonl beside the log; "
                        "watch_events.jsonl beside a klguard or TRL log, whose trainer writes its own)")
     watch.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between reads with --follow")
-    watch.add_argument("--idle-exit", type=float, metavar="S", help="with --follow: stop, calm, once the log has not "
-                       "grown for S seconds (the run ended)")
+    watch.add_argument("--idle-exit", type=float, metavar="S", help="with --follow: stop once the log has not grown "
+                       "for S seconds (the run ended): calm, or blind where no rule could fire")
     watch.add_argument("--map", action="append", default=[], metavar="NAME=GUARD_NAME[:log]", dest="names",
-                       help="read the log's metric NAME as the guard's GUARD_NAME (repeatable), e.g. "
-                       "--map train_reward=critic/score/mean; ':log' takes its log, e.g. a perplexity under the "
-                       "reference: --map my_ppl=hacking/ref_nll:log")
+                       help="read the log's metric NAME as the guard's GUARD_NAME (repeatable; before the trainer's "
+                       "map and the names read by meaning), e.g. --map train_reward=critic/score/mean; ':log' takes "
+                       "its log, e.g. a perplexity under the reference: --map my_ppl=hacking/ref_nll:log")
     watch.add_argument("--debug", action="store_true", help="show full tracebacks")
     watch.add_argument("overrides", nargs="*", metavar="key=value",
                        help="guard.*, algorithm.kl_ctrl.* (type, target_kl) and trainer.total_training_steps")

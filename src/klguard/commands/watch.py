@@ -1,16 +1,20 @@
 """`klguard watch PATH [--follow]`: the guard in advisory mode over any trainer's log as it is written.
 
 It reads the log in whatever format it is (klguard.integrations.logs tells it from the content: console output of
-verl and TRL, any JSON lines, trainer_state.json, `step: N name: value` lines, TensorBoard, MLflow, W&B, CSV),
-maps its metric names to the guard's (per trainer, plus `--map name=guard_name[:transform]`), says which guard
-inputs it found and which rules run with which values, feeds each step to the guard, prints one line per
-decision and writes them to an events file. It acts on nothing: the exit code says what the guard decided, so that
+verl and TRL, any JSON lines, trainer_state.json, `step: N name: value` lines, pipe and whitespace tables,
+TensorBoard, MLflow, W&B, CSV), maps its metric names to the guard's (per trainer, then by what the names mean, with
+`--map name=guard_name[:transform]` first), says which guard inputs it found, which names it read by meaning and
+which rules run with which values, feeds each step to the guard, prints one line per decision and writes them to an
+events file. It acts on nothing: the exit code says what the guard decided, so that
 `klguard watch --follow LOG || { [ $? -eq 3 ] && scancel $JOB; }` stops a run the guard would have rolled back or
-paused (and nothing else: a typo or a missing log is exit 2, and `--follow` waits for a log that does not exist yet):
-0 the guard stayed calm (advice such as a higher KL coefficient may have been printed), 3 it decided to roll
-back or pause (watching stops there: the run's later steps are ones the guard would not have let happen),
-2 bad input. On any log but klguard's own the guard runs with the defaults of a host that runs another trainer's
-model (klguard.guard.config.EXTERNAL_HOST_DEFAULTS), as the TRL callback and the verl plugin do.
+paused (and nothing else: a typo or a missing log is exit 2, and `--follow` waits for a log that does not exist yet).
+The exit codes (EXIT_CODES; stable):
+0 the guard stayed calm (advice such as a higher KL coefficient may have been printed; the summary names the
+failures that no rule could see for want of an input), 2 bad input, 3 it decided to roll back or pause (watching
+stops there: the run's later steps are ones the guard would not have let happen), 4 blind: no rule could fire on
+this log (no guard input found, or no step read), with a one-line hint naming what it saw and the `--map` to try.
+On any log but klguard's own the guard runs with the defaults of a host that runs another trainer's model
+(klguard.guard.config.EXTERNAL_HOST_DEFAULTS), as the TRL callback and the verl plugin do.
 """
 
 from __future__ import annotations
@@ -21,17 +25,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klguard.commands.watch_rules import inputs_line, rules_lines
+from klguard.commands.watch_rules import blind_to, inputs_line, rules_lines
 from klguard.config.restricted import load_restricted, with_host_defaults
 from klguard.errors import UserError
 from klguard.guard import Action, AdvisoryHost, GuardSession, KLGuard
 from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 from klguard.integrations.logs import MappedLog, detect_format, open_log
 from klguard.integrations.logs.detect import NoMetricsYet
+from klguard.integrations.logs.meaning import example_name
 from klguard.integrations.metric_maps import split_target
 from klguard.runtime.events import append_event
 
-EXIT_CALM, EXIT_STOP = 0, 3
+EXIT_CALM, EXIT_BAD_INPUT, EXIT_STOP, EXIT_BLIND = 0, UserError.exit_code, 3, 4
+EXIT_CODES = {EXIT_CALM: "calm", EXIT_BAD_INPUT: "bad input", EXIT_STOP: "roll back or pause",
+              EXIT_BLIND: "blind: no rule could fire"}
+"""watch's exit codes, stable: scripts test them."""
+SHOWN = 12  # names listed in one line at most
 STOP_KINDS = ("rollback", "pause")
 KEY_PREFIXES = ("guard.", "algorithm.kl_ctrl.", "trainer.total_training_steps")
 """The keys `watch` takes: the guard's, the KL controller's (its target and whether one steers the KL) and the
@@ -95,7 +104,7 @@ class Watch:
         self.steps = 0  # steps judged (watching stops at a rollback or pause)
         self.read = 0  # steps read from the log
         self.span: tuple[int, int] | None = None  # the first and last step read
-        self.names: set[str] = set()  # the guard's names of the first steps' metrics
+        self.names: set[str] = set()  # the guard's names of every metric read
         self.decisions: list[Action] = []
 
     def run(self) -> int:
@@ -149,23 +158,46 @@ class Watch:
             time.sleep(self.options.interval)
 
     def _describe(self, steps: list[tuple[int, dict[str, float]]]) -> None:
-        """The first steps' guard inputs, and the rules that run on them or cannot fire."""
-        names = self.names = set().union(*(metrics for _, metrics in steps))
+        """The first steps' guard inputs, the names read by meaning, and the rules that run on them or cannot
+        fire."""
+        names = set().union(*(metrics for _, metrics in steps))
         reader = self.reader
         whose = WHOSE.get(reader.trainer, f"{reader.trainer}'s metric names")
         mapped = f", --map {', '.join(f'{k}={v}' for k, v in self.user_map.items())}" if self.user_map else ""
-        self.say(f"klguard watch: {inputs_line(names)} ({whose}{mapped})")
+        news = reader.take_news()
+        meant = f"; {len(news)} by meaning" if news else ""
+        self.say(f"klguard watch: {inputs_line(names)} ({whose}{mapped}{meant})")
+        for line in self._meaning_lines(news):
+            self.say(line)
         run, cannot = rules_lines(self.session.guard.cfg, names)
-        self.say("klguard watch: rules: " + "; ".join(run))
+        self.say("klguard watch: rules: " + ("; ".join(run) or "none"))
         if cannot:
             self.say("klguard watch: cannot fire for want of their input: " + ", ".join(cannot))
         if reader.counted:
             self.say("klguard watch: these console dicts carry no step: steps are the entries' numbers")
 
+    def _meaning_lines(self, news: list[tuple[str, str]]) -> list[str]:
+        """What was read by meaning, the per-function rewards, what no map reads, and each ambiguity."""
+        found = self.reader.inference
+        if not self.reader.by_meaning or not (news or found.per_function or found.unmapped):
+            return []
+        parts = [f"read by meaning: {', '.join(f'{k} -> {v}' for k, v in news) or 'nothing'}"]
+        if found.per_function:
+            parts.append(f"per-function rewards (no guard input): {_some(found.per_function)}")
+        parts.append(f"left unmapped: {_some(found.unmapped) or 'nothing'}")
+        lines = ["klguard watch: " + "; ".join(parts)]
+        return lines + [f"klguard watch: ambiguous: {line}" for line in found.ambiguous]
+
     def _take(self, steps: list[tuple[int, dict[str, float]]]) -> int | None:
         if steps and self.read == 0:
             self._describe(steps)
+        elif steps:
+            news = self.reader.take_news()
+            if news:
+                self.say(f"klguard watch [step {steps[0][0]}]: read by meaning: "
+                         + ", ".join(f"{k} -> {v}" for k, v in news))
         if steps:
+            self.names.update(*(metrics for _, metrics in steps))
             self.read += len(steps)
             self.span = (steps[0][0] if self.span is None else self.span[0], steps[-1][0])
         for step, metrics in steps:
@@ -186,13 +218,31 @@ class Watch:
         return any(a.kind in STOP_KINDS for a in actions)
 
     def _calm(self) -> int:
+        """Calm (exit 0, naming what no rule could see) or, where no rule could fire at all, blind (exit 4)."""
+        cfg = self.session.guard.cfg
+        run, _ = rules_lines(cfg, self.names)
+        if not run or self.steps == 0:
+            return self._blind()
         advice = sum(a.kind != "warn" for a in self.decisions)
-        window = self.session.guard.cfg.baseline_window
+        window = cfg.baseline_window
         short = (f"; {self.steps} steps are too few for the rules that compare with the first {window}"
                  if self.steps <= window else "")
+        unseen = blind_to(cfg, self.names)
+        if unseen:
+            self.say("klguard watch: no rule could see: " + "; ".join(unseen))
         self.say(f"klguard watch: {self.steps} steps read; the guard stayed calm ({advice} advisory "
                  f"actions, {len(self.decisions) - advice} warnings){short}; exit {EXIT_CALM}")
         return EXIT_CALM
+
+    def _blind(self) -> int:
+        reader = self.reader
+        seen = sorted(reader.raw_names)
+        example = example_name(reader.inference.per_function + reader.inference.unmapped)
+        what = (f"its {len(seen)} metric names give no rule an input (saw: {_some(seen)})" if seen
+                else "no step with a metric was read")
+        self.say(f"klguard watch: blind: no rule could fire on {self.steps} steps: {what}; name an input with --map, "
+                 f"e.g. --map {example}=critic/score/mean (guard names: docs/watch.md); exit {EXIT_BLIND}")
+        return EXIT_BLIND
 
 
 class _WatchHost(AdvisoryHost):
@@ -212,3 +262,9 @@ def _empty(path: Path) -> bool:
             return True
         return False
     return path.stat().st_size == 0
+
+
+def _some(names: list[str]) -> str:
+    """Up to SHOWN names, then how many more."""
+    more = f", ... ({len(names) - SHOWN} more)" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more

@@ -92,7 +92,8 @@ def test_flat_json_lines_with_gaps_a_legend_and_evaluation_lines(tmp_path):
     assert (log.format, log.trainer) == ("jsonl", "plain")
     assert [s for s, _ in steps] == [1, 4, 9]
     assert steps[0][1]["critic/score/mean"] == 0.5 and steps[0][1]["response_length/mean"] == 30
-    assert steps[1][1]["resp_len/mean"] == 31.5 and steps[1][1]["eval_score"] == 0.9  # legend; evaluation merged
+    assert steps[1][1]["resp_len/mean"] == 31.5  # the legend
+    assert steps[1][1]["val-core/eval_score/acc/mean@1"] == 0.9  # the evaluation line, merged, read by meaning
     assert steps[2][1]["critic/score/mean"] == 0.7 and steps[2][1]["actor/kl_loss"] == 0.02
 
 
@@ -170,3 +171,57 @@ def test_a_csv_perplexity_column_and_a_mapped_one(tmp_path):
     assert steps == [(0, {"hacking/ref_nll": math.log(4.5), "ppl_ref": 2.0}), (10, {"critic/score/mean": 0.5})]
     _, steps = read(tmp_path / "export.csv", user_map={"ppl_ref": "hacking/ref_nll:log", "eval_perplexity": "x"})
     assert steps == [(0, {"hacking/ref_nll": math.log(2.0), "x": 4.5}), (10, {"critic/score/mean": 0.5, "x": 0.0})]
+
+
+UNSLOTH_TABLE = """My GRPO run, the loss stays at zero. The progress table:
+
+Step | Training Loss | reward | reward_std | completion_length | kl | rewards / match_format_exactly
+-- | -- | -- | -- | -- | -- | --
+1 | 0.000000 | -17.250000 | 1.500000 | 445.500000 | 0.000000 | 0.000000
+2 | -0.000000 | -10.500000 | 1.732051 | 389.250000 | 0.000000 | 0.000000
+4 | 0.000100 | 0.000000 | 0.000000 | 452.000000 | 0.000010 | 1.000000
+
+Any idea?
+"""
+
+
+def test_a_pipe_table_pasted_in_an_issue(tmp_path):
+    (tmp_path / "issue.md").write_text(UNSLOTH_TABLE)
+    log, steps = read(tmp_path / "issue.md")
+    assert log.format == "table" and [s for s, _ in steps] == [1, 2, 4]
+    last = steps[-1][1]
+    assert (last["critic/score/mean"], last["critic/score/std"], last["response_length/mean"]) == (0.0, 0.0, 452.0)
+    assert (last["actor/kl_loss"], last["actor/pg_loss"], last["rewards/match_format_exactly"]) == (1e-5, 1e-4, 1.0)
+
+
+def test_a_markdown_table_with_outer_pipes_and_a_separator_row(tmp_path):
+    (tmp_path / "t.md").write_text("| step | reward | kl |\n|---:|:---|---|\n| 10 | 0.5 | 0.01 |\n"
+                                   "| 20 | 0.6 | 0.02 |\n")
+    _, steps = read(tmp_path / "t.md")
+    assert steps == [(10, {"critic/score/mean": 0.5, "actor/kl_loss": 0.01}),
+                     (20, {"critic/score/mean": 0.6, "actor/kl_loss": 0.02})]
+
+
+@pytest.mark.parametrize("sep", ["\t", "   "])
+def test_a_whitespace_table_with_a_two_word_header_and_a_no_log_cell(tmp_path, sep):
+    header = sep.join(["Step", "Training Loss", "Validation Loss", "reward", "kl"])
+    rows = [sep.join(["5", "0.2", "No log", "0.4", "0.001"]), sep.join(["10", "0.1", "0.3", "0.5", "0.002"])]
+    (tmp_path / "progress.txt").write_text("\n".join([header, *rows]) + "\n")
+    log, steps = read(tmp_path / "progress.txt")
+    assert log.format == "table" and [s for s, _ in steps] == [5, 10]
+    assert steps[0][1] == {"actor/pg_loss": 0.2, "critic/score/mean": 0.4, "actor/kl_loss": 0.001}
+    assert steps[1][1]["Validation Loss"] == 0.3
+
+
+def test_a_single_space_table_splits_its_header_by_the_rows(tmp_path):
+    (tmp_path / "t.txt").write_text("Step Training Loss reward rewards / fmt completion_length\n"
+                                    "1 0.5 0.25 1.0 120\n2 0.4 0.5 1.0 110\n")
+    _, steps = read(tmp_path / "t.txt")
+    assert steps[1] == (2, {"actor/pg_loss": 0.4, "critic/score/mean": 0.5, "rewards/fmt": 1.0,
+                            "response_length/mean": 110.0})
+
+
+def test_a_header_without_a_row_under_it_is_prose(tmp_path):
+    (tmp_path / "t.txt").write_text("the step we took was good\nthen\n1 2 3 4 5 6\n")
+    with pytest.raises(Exception, match="no metrics in its first 3 lines"):
+        read(tmp_path / "t.txt")

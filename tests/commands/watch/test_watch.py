@@ -167,7 +167,7 @@ def test_options_and_settings_in_any_order(tmp_path, capsys):
     argparse does not know is still refused."""
     path = tmp_path / "run.jsonl"
     path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in steps(12)))
-    assert main(["watch", str(path), "guard.kl_hard_limit=0.1", "--format", "jsonl", "guard.kl_hard_limit=5"]) == 0
+    assert main(["watch", str(path), "guard.kl_hard_limit=0.1", "--format", "verl", "guard.kl_hard_limit=5"]) == 0
     assert "guard stayed calm" in capsys.readouterr().out  # 5 per token: the blow-up to 0.8 stays under it
     assert main(["watch", "--map", "kl=actor/kl_loss", str(path), "guard.kl_hard_limit=5"]) == 0
     with pytest.raises(SystemExit) as exc:
@@ -230,7 +230,7 @@ def test_first_lines_name_the_inputs_the_rules_and_what_cannot_fire(tmp_path, ca
 def test_the_name_map_makes_a_log_judgeable(tmp_path, capsys):
     rows = [(s, {"divergence": 0.9 if s >= 4 else 0.01, "r": 0.5}) for s in range(1, 9)]
     path = write_jsonl(tmp_path / "log.jsonl", rows)
-    assert main(["watch", path]) == 0  # `divergence` means nothing to the guard
+    assert main(["watch", path]) == 4  # `divergence` and `r` mean nothing to the guard: blind, not calm
     assert main(["watch", path, "--map", "divergence=actor/kl_loss", "--map", "r=critic/score/mean"]) == 3
     out = capsys.readouterr().out
     assert "--map divergence=actor/kl_loss, r=critic/score/mean" in out and "stop the run at step 6" in out
@@ -256,7 +256,8 @@ def test_a_perplexity_every_10_steps_feeds_the_reference_nll_signal(tmp_path, ca
     assert main(["watch", path]) == 0  # ref_nll is logged only by default
     out = capsys.readouterr().out
     assert "guard inputs found: actor/kl_loss, critic/score/mean, actor/grad_norm, response_length/mean, " \
-           "hacking/ref_nll (plain" in out
+           "hacking/ref_nll, val-core/*/acc/* (plain" in out
+    assert "read by meaning: eval_reward -> val-core/eval_reward/acc/mean@1" in out
     assert main(["watch", path, REF_NLL_ON]) == code  # baseline: step 0's value 1.2, + guard.ref_nll_rise 0.5
     out = capsys.readouterr().out
     assert "ref_nll: hacking/ref_nll > 0.5 nats over its first 10 steps: hacking" in out

@@ -4,7 +4,8 @@
   colour codes, values possibly wrapped as ``np.float64(...)``; validation on a line of its own for the same step,
   and the ``Initial validation metrics: {...}`` line (step 0);
 - transformers' (TRL's) console dicts ``{'loss': 0.1, 'kl': 0.02, ...}``, behind tqdm's carriage-return debris,
-  values possibly ``nan``. They carry no step: the step is tqdm's counter on the same line, else the entry's number;
+  values possibly ``nan`` or numbers in quotes (``'0.0123'``, as some TRL versions print them). They carry no
+  step: the step is tqdm's counter on the same line, else the entry's number;
 - one line per step of ``name: value`` / ``name=value`` pairs, separated by anything (``|``, ``,``, spaces), the
   step read from the line (``step: 12``, ``step=12``, ``Step 12/500``). A line without a step is not a step.
 """
@@ -19,10 +20,11 @@ from klguard.integrations.logs.lines import LineLog, Raw, Step
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 RAY_PREFIX = re.compile(r"^\s*\((?:[\w.-]+ )?pid=\d+(?:, ip=[\d.]+)?\)\s*")
 NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Infinity)"
-PAIR = re.compile(r"""['"]?([A-Za-z_][\w./@()\[\]-]*)['"]?\s*[:=]\s*(?:np\.\w+\(|tensor\()?\s*(""" + NUMBER
-                  + r""")(?![\w.])""")
+PAIR = re.compile(r"""['"]?([A-Za-z_][\w./@()\[\]-]*)['"]?\s*[:=]\s*(?:np\.\w+\(|tensor\()?\s*(['"]?)(""" + NUMBER
+                  + r""")\2(?![\w.])""")
+"""`name: number`, `name=number`, `'name': 'number'` (some TRL versions print values as quoted strings)."""
 STEP_KEYS = ("step", "global_step", "steps", "_step", "iter", "iteration", "train/global_step", "progress/step",
-             "trainer/global_step")
+             "trainer/global_step", "progress/batch")
 STEP_WORD = re.compile(r"(?i)\b(?:global[_ ]?)?step\s*#?\s*(\d+)\s*(?:/\s*\d+)?(?![\w.:=])")
 VERL_STEP = re.compile(r"\bstep:(\d+) - ")
 VERL_INITIAL = "Initial validation metrics"
@@ -38,7 +40,7 @@ def clean(line: str) -> str:
 
 def pairs(text: str) -> Raw:
     """Every ``name: number`` / ``name=number`` in `text` (numbers possibly ``np.float64(...)``, ``nan``)."""
-    return {name: float(value) for name, value in PAIR.findall(text)}
+    return {name: float(value) for name, _, value in PAIR.findall(text)}
 
 
 def step_of(found: Raw, text: str) -> int | None:

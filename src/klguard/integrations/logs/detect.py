@@ -10,12 +10,14 @@ from klguard.errors import UserError
 from klguard.integrations.logs.console import sniff
 from klguard.integrations.logs.jsonl import json_step
 from klguard.integrations.logs.stores import mlflow_runs, trainer_state_file
+from klguard.integrations.logs.table import table_format
 from klguard.integrations.logs.wandb_run import wandb_file
 
-FORMATS = ("klguard", "verl", "jsonl", "verl-console", "trl-console", "kv-lines", "trl", "tensorboard", "csv",
+FORMATS = ("klguard", "verl", "jsonl", "verl-console", "trl-console", "kv-lines", "table", "trl", "tensorboard", "csv",
            "mlflow", "wandb")
 """klguard: klguard's metrics.jsonl; verl: verl's file logger; jsonl: any flat JSON lines; verl-console,
-trl-console, kv-lines: console output; trl: transformers' trainer_state.json; the rest: their libraries' stores."""
+trl-console, kv-lines: console output; table: pipe and whitespace tables (notebook progress tables); trl:
+transformers' trainer_state.json; the rest: their libraries' stores."""
 SNIFF_BYTES, SNIFF_LINES = 1 << 20, 2000  # a console log may open with a long config dump
 
 
@@ -39,11 +41,11 @@ def detect_format(path: Path) -> str:
     lines = [line for line in text.splitlines() if line.strip()][:SNIFF_LINES]
     if not lines:
         raise UserError(f"{path} is empty: its format cannot be told yet; pass --format ({', '.join(FORMATS)})")
-    found = _json_format(path, lines) or _csv_format(lines) or sniff(lines)
+    found = _json_format(path, lines) or _csv_format(lines) or sniff(lines) or table_format(lines)
     if found is None:
         raise NoMetricsYet(f"{path}: no metrics in its first {len(lines)} lines in a format klguard reads (JSON lines, "
-                        "trainer_state.json, verl's or TRL's console output, `step: N name: value` lines, CSV with "
-                        "a step column); pass --format or see docs/watch.md")
+                        "trainer_state.json, verl's or TRL's console output, `step: N name: value` lines, CSV or a "
+                        "table with a step column); pass --format or see docs/watch.md")
     return found
 
 
