@@ -4,12 +4,12 @@ copied into the repository): what it read and what it decided, beside each log's
     python benchmarks/watch_reallogs.py                 # ../shared/reallogs relative to the repository root
     python benchmarks/watch_reallogs.py /path/to/reallogs
 
-Each log is watched as a new user would run `klguard watch LOG` (format told from the content, the external hosts'
-defaults), with `--map` only where a log's own names need it (MAPS). Prints one table row per log and writes
-benchmarks/results/watch_reallogs.json. Decision events go to a temporary folder. A log with a `hacking/ref_nll` input
-(the log of a perplexity under the base model), a logged-only signal by default, is watched twice more with
-`ref_nll` among `guard.hacking_signals` (REF_NLL_RUNS): as it is, and with the KL hard limit out of reach, to see
-the step the signal alone would stop at.
+Each log is watched as a new user would run `klguard watch LOG` (format told from the content, names no map knows
+read by meaning, the external hosts' defaults), with `--map` only where a log's own names need it (MAPS: none).
+Prints one table row per log and writes benchmarks/results/watch_reallogs.json. Decision events go to a temporary
+folder. A log with a `hacking/ref_nll` input (the log of a perplexity under the base model), a logged-only signal by
+default, is watched twice more with `ref_nll` among `guard.hacking_signals` (REF_NLL_RUNS): as it is, and with the
+KL hard limit out of reach, to see the step the signal alone would stop at.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from klguard.commands.watch import STOP_KINDS, Watch, WatchOptions
+from klguard.commands.watch import EXIT_BLIND, STOP_KINDS, Watch, WatchOptions
 from klguard.commands.watch_rules import KL, VAL, has
 from klguard.errors import UserError
 from klguard.guard.config import DEFAULT_HACKING_SIGNALS, EXTERNAL_HOST_DEFAULTS
@@ -35,8 +35,8 @@ from klguard.guard.signals import ENTROPY, GRAD_NORM, LENGTH, PPO_KL, REF_NLL, S
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOGS = ROOT.parent / "shared" / "reallogs"
 OUT = ROOT / "benchmarks" / "results" / "watch_reallogs.json"
-MAPS = {"15": ["ppo_response_length/mean=response_length/mean"]}
-"""The one log whose metric is named by its author only (a `mean|std` string under `ppo_response_length`)."""
+MAPS: dict[str, list[str]] = {}
+"""`--map` items per log number (none: every log's inputs are found by a map or by meaning)."""
 SHORT = {KL[0]: "kl", KL[1]: "kl", PPO_KL: "ppo_kl", SCORE: "score", GRAD_NORM: "grad", LENGTH: "len",
          ENTROPY: "ent", REF_NLL: "ref_nll", VAL: "val"}
 WITH_REF_NLL = f"guard.hacking_signals=[{','.join([*DEFAULT_HACKING_SIGNALS, 'ref_nll'])}]"
@@ -61,14 +61,16 @@ def watch_one(log: Path, events: Path, overrides: list[str] | None = None) -> di
         return {"log": log.name, "format": "-", "steps": 0, "exit": 2, "decision": f"refused: {exc}"}
     stop = next((a for a in watch.decisions if a.kind in STOP_KINDS), None)
     inputs = []
+    inferred = set(watch.reader.inference.renames.values())
     for name, short in SHORT.items():
-        if has(watch.names, name) and short not in inputs:
-            inputs.append(short)
+        if has(watch.names, name) and short not in inputs and short + "*" not in inputs:
+            inputs.append(short + ("*" if has(inferred, name) and not has(watch.names - inferred, name) else ""))
     counted = " (entries)" if watch.reader.counted else ""
     return {"log": log.name, "format": watch.reader.format, "trainer": watch.reader.trainer,
             "steps": watch.read, "steps_counted_by_entry": watch.reader.counted, "span": watch.span,
             "steps_judged": watch.steps, "inputs": inputs, "exit": code, "map": MAPS.get(number, []),
-            "decision": _calm(watch) if stop is None else f"{stop.kind} @{stop.step}{counted} ({stop.rule})",
+            "by_meaning": watch.reader.inference.renames,
+            "decision": _calm(watch, code) if stop is None else f"{stop.kind} @{stop.step}{counted} ({stop.rule})",
             "stop": None if stop is None else {"kind": stop.kind, "step": stop.step, "rule": stop.rule,
                                               "metric": stop.metric, "value": stop.value,
                                               "threshold": stop.threshold, "reason": stop.reason},
@@ -90,7 +92,9 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {model or platform.machine()}"
 
 
-def _calm(watch: Watch) -> str:
+def _calm(watch: Watch, code: int) -> str:
+    if code == EXIT_BLIND:
+        return "blind (no rule could fire)"
     window = watch.session.guard.cfg.baseline_window
     return "calm" + (f" (too short: {watch.read} steps <= {window})" if watch.read <= window else "")
 
@@ -113,15 +117,16 @@ def main(argv: list[str] | None = None) -> int:
             row["label"] = label.get(log.name[:2], "?")
             rows.append(row)
     seconds = time.perf_counter() - started
-    head = (f"| {'log':<3} | {'format':<12} | {'steps read':<14} | {'guard inputs found':<38} | {'decision':<40} "
+    head = (f"| {'log':<3} | {'format':<12} | {'steps read':<14} | {'guard inputs found':<40} | {'decision':<40} "
             "| INDEX label |")
     print(head)
     print("|" + "|".join("-" * (len(cell)) for cell in head.split("|")[1:-1]) + "|")
     for row in rows:
         span = row.get("span")
         steps = f"{row['steps']}" + (f" ({span[0]}-{span[1]})" if span else "")
-        print(f"| {row['log'][:2]:<3} | {row['format']:<12} | {steps:<14} | {', '.join(row.get('inputs', [])):<38} "
+        print(f"| {row['log'][:2]:<3} | {row['format']:<12} | {steps:<14} | {', '.join(row.get('inputs', [])):<40} "
               f"| {row['decision']:<40} | {row['label']} |")
+    print("(* an input found by meaning: a name no trainer's map knows)")
     for row in rows:
         for key, run in (row.get("ref_nll_runs") or {}).items():
             print(f"{row['log'][:2]} {key} ({' '.join(run['overrides'])}): {run['decision']}")
