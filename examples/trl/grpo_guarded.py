@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from klguard.builtin.trl import (
+from klguard.builtin.trl_task import (
     builtin_policy,
     builtin_prompts,
     evaluate_sampled,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from klguard.builtin.trl import builtin_policy
+from klguard.builtin.trl_task import builtin_policy
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "sft_hacking.py"
 _spec = importlib.util.spec_from_file_location("bench_sft_hacking", _PATH)

@@ -15,7 +15,7 @@ else:
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from klguard.builtin.trl import builtin_policy, builtin_prompts, gold, hacking, proxy
+from klguard.builtin.trl_task import builtin_policy, builtin_prompts, gold, hacking, proxy
 from klguard.integrations.trl import KLGuardCallback
 
 
