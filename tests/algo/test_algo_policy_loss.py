@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from klguard.algo.loss import PolicyLossOutput
-from klguard.algo.policy_loss import get_policy_loss, policy_loss_names, register_policy_loss
+from klguard.algo.policy_loss_registry import get_policy_loss, policy_loss_names, register_policy_loss
 from klguard.config import ConfigError, load_config
 from klguard.config.batches import UpdateBatches
 

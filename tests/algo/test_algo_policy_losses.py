@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from extras import import_extra
-from klguard.algo.policy_loss import get_policy_loss, policy_loss_names
+from klguard.algo.policy_loss_registry import get_policy_loss, policy_loss_names
 from klguard.config.schema_policy import ActorConfig, PolicyLossConfig
 
 REL = 1e-9

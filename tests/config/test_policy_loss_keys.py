@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from klguard.algo.policy_loss import policy_loss_names
+from klguard.algo.policy_loss_registry import policy_loss_names
 from klguard.config import ConfigError, load_config
 
 A = "actor_rollout_ref.actor."

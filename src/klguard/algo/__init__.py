@@ -4,7 +4,7 @@ No I/O, no distributed code, no model code: every function maps tensors to tenso
 """
 
 # imported for their registrations: any import of the registry imports this package first, so they are there
-from klguard.algo import policy_losses  # noqa: F401
+from klguard.algo import policy_losses_verl  # noqa: F401
 from klguard.algo.advantage import ADV_ESTIMATORS, GROUP_ESTIMATORS, compute_advantage, compute_gae
 from klguard.algo.kl import (
     KL_CONTROLLERS,
@@ -23,7 +23,7 @@ from klguard.algo.loss import (
     entropy_from_logits,
     logprobs_from_logits,
 )
-from klguard.algo.policy_loss import get_policy_loss, policy_loss_names, register_policy_loss
+from klguard.algo.policy_loss_registry import get_policy_loss, policy_loss_names, register_policy_loss
 from klguard.algo.stats import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [

@@ -17,7 +17,13 @@ from typing import Any, Literal
 
 import torch
 
-from klguard.algo.advantage_base import (
+from klguard.algo.advantage_baselines import (
+    gdpo_advantage,
+    gpg_advantage,
+    optimal_token_baseline_advantage,
+    remax_advantage,
+)
+from klguard.algo.advantage_shared import (
     GroupIndex,
     broadcast,
     check_inputs,
@@ -26,12 +32,6 @@ from klguard.algo.advantage_base import (
     group_stats,
     outcome_scores,
     zero,
-)
-from klguard.algo.advantage_baselines import (
-    gdpo_advantage,
-    gpg_advantage,
-    optimal_token_baseline_advantage,
-    remax_advantage,
 )
 from klguard.algo.stats import masked_whiten
 

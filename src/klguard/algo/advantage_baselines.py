@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from klguard.algo.advantage_base import (
+from klguard.algo.advantage_shared import (
     GroupIndex,
     broadcast,
     check_inputs,

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from klguard.algo.kl import KLEstimator
 from klguard.algo.loss import LossAggMode
-from klguard.algo.policy_loss import policy_loss_names
+from klguard.algo.policy_loss_registry import policy_loss_names
 from klguard.fields import (
     Rule,
     at_least,

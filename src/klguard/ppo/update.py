@@ -21,7 +21,7 @@ from torch import Tensor
 
 from klguard.algo.kl import kl_penalty
 from klguard.algo.loss import agg_loss, compute_value_loss
-from klguard.algo.policy_loss import get_policy_loss
+from klguard.algo.policy_loss_registry import get_policy_loss
 from klguard.config.batches import UpdateBatches
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.distributed import any_rank, is_distributed, reduce_means

@@ -4,7 +4,7 @@ A policy loss takes the rollout-time and current log-probs, the advantages and t
 and returns a `PolicyLossOutput` (the aggregated loss and its diagnostics). It is selected by
 `actor_rollout_ref.actor.policy_loss.loss_mode`; a new one is a function decorated with
 `@register_policy_loss("name")`, nothing in the update changes. verl's other losses are in
-klguard.algo.policy_losses, registered when klguard.algo is imported.
+klguard.algo.policy_losses_verl, registered when klguard.algo is imported.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from klguard.algo.loss import PolicyLossOutput, agg_loss, clamped_log_ratio, ppo_token_losses
-from klguard.algo.policy_loss import PolicyLossSettings, register_policy_loss
+from klguard.algo.policy_loss_registry import PolicyLossSettings, register_policy_loss
 from klguard.algo.stats import masked_count, masked_mean
 
 # GSPO's sequence log-ratio is capped from above only, as verl: a falling ratio only shrinks exp().
