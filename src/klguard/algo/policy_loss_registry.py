@@ -15,6 +15,7 @@ from typing import Protocol
 from torch import Tensor
 
 from klguard.algo.loss import PolicyLossOutput, compute_policy_loss
+from klguard.algo.registry import Registry
 
 
 class PolicyLossOptions(Protocol):
@@ -49,30 +50,20 @@ class PolicyLossSettings(Protocol):
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, PolicyLossSettings], PolicyLossOutput]
 """(old_logprob, logprob, advantages, response_mask, settings) -> PolicyLossOutput; tensors are [B, R]."""
 
-_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+_POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator: make `fn` the policy loss called `name` (a name is registered once)."""
-
-    def add(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in _POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return add
+    return _POLICY_LOSSES.register(name)
 
 
 def policy_loss_names() -> tuple[str, ...]:
-    return tuple(_POLICY_LOSSES)
+    return _POLICY_LOSSES.names()
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
-    try:
-        return _POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(_POLICY_LOSSES)}") from None
+    return _POLICY_LOSSES.get(name)
 
 
 @register_policy_loss("vanilla")
