@@ -62,7 +62,7 @@ NOT_RUN = {
     ("docs/trl.md", "from klguard.integrations.trl import KLGuardCallback"):
         "a fragment (`...` for the model, data and rewards); compiled here, and examples/trl/grpo_guarded.py is the "
         "whole script, run by tests/integrations",
-    ("docs/verl.md", "pip install 'klguard[verl]'"):
+    ("docs/verl.md", "pip install -e '.[verl]'"):
         "installs into the running environment, and a verl step needs GPUs; benchmarks/gpu/verl_plugin.sh is the "
         "GPU check",
     ("docs/watch.md", "klguard watch train.log                         # a finished run: exit 0 calm, 3 roll "
