@@ -1,11 +1,13 @@
 """Pure-tensor RLHF algorithm core: KL estimators and controllers, advantages, PPO losses.
 
-No I/O, no distributed code, no model code: every function maps tensors to tensors.
+No I/O, no distributed code, no model code: every function maps tensors to tensors. Policy losses and advantage
+estimators are registered by decorator (klguard.algo.registry), each with the inputs it needs.
 """
 
 # imported for their registrations: any import of the registry imports this package first, so they are there
 from klguard.algo import policy_losses_verl  # noqa: F401
 from klguard.algo.advantage import ADV_ESTIMATORS, GROUP_ESTIMATORS, compute_advantage, compute_gae
+from klguard.algo.advantage_registry import adv_estimator_inputs, register_adv_est
 from klguard.algo.kl import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -35,6 +37,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "PolicyLossOutput",
+    "adv_estimator_inputs",
     "agg_loss",
     "build_kl_controller",
     "compute_advantage",
@@ -50,5 +53,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "policy_loss_names",
+    "register_adv_est",
     "register_policy_loss",
 ]

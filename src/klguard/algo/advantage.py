@@ -1,27 +1,27 @@
-"""Advantage estimators keyed by verl's ``algorithm.adv_estimator`` names.
+"""Advantage estimators keyed by verl's ``algorithm.adv_estimator`` names: GAE and the outcome estimators.
 
-Every estimator takes ``(token_level_rewards [B, T], response_mask [B, T])`` plus the same
-keyword arguments, so a registry can call any of them, and returns ``(advantages, returns)``,
+Every estimator takes ``(token_level_rewards [B, T], response_mask [B, T])`` plus keyword arguments, so the
+registry (klguard.algo.advantage_registry) can call any of them, and returns ``(advantages, returns)``,
 both ``[B, T]`` and 0 where the mask is 0. Results carry no gradient (computed under no_grad).
 
 Masked positions inside a response (e.g. tool/observation tokens between turns) are skipped by
 the recursive estimators: they do not reset or discount the running quantity, as verl's GAE.
 The estimators with other baselines (remax, gpg, optimal_token_baseline, gdpo) are in
-klguard.algo.advantage_baselines; the registry below holds them all.
+klguard.algo.advantage_baselines, imported at the end for their registrations, so `AdvEstimator` names them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 
-from klguard.algo.advantage_baselines import (
-    gdpo_advantage,
-    gpg_advantage,
-    optimal_token_baseline_advantage,
-    remax_advantage,
+from klguard.algo.advantage_registry import (
+    ADV_ESTIMATORS,
+    GROUP_ESTIMATORS,
+    adv_estimator_names,
+    compute_advantage,
+    register_adv_est,
 )
 from klguard.algo.advantage_shared import (
     GroupIndex,
@@ -35,7 +35,7 @@ from klguard.algo.advantage_shared import (
 )
 from klguard.algo.stats import masked_whiten
 
-AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+__all__ = ["ADV_ESTIMATORS", "GROUP_ESTIMATORS", "AdvEstimator", "compute_advantage", "compute_gae"]
 
 
 def compute_gae(
@@ -74,6 +74,7 @@ def compute_gae(
     return adv, returns
 
 
+@register_adv_est("gae", inputs=("values",))
 def gae_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -92,6 +93,7 @@ def gae_advantage(
     return compute_gae(token_level_rewards, values, response_mask, gamma, lam, whiten=True)
 
 
+@register_adv_est("grpo", inputs=("group_index",))
 def grpo_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -123,6 +125,7 @@ def grpo_advantage(
     return adv, adv
 
 
+@register_adv_est("rloo", inputs=("group_index",))
 def rloo_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -151,6 +154,7 @@ def rloo_advantage(
     return adv, adv
 
 
+@register_adv_est("reinforce_plus_plus")
 def reinforce_plus_plus_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -182,6 +186,7 @@ def reinforce_plus_plus_advantage(
     return adv, returns
 
 
+@register_adv_est("reinforce_plus_plus_baseline", inputs=("group_index",))
 def reinforce_plus_plus_baseline_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -207,34 +212,8 @@ def reinforce_plus_plus_baseline_advantage(
     return adv, adv
 
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gpg",
-                       "optimal_token_baseline", "gdpo"]  # the keys below
-ADV_ESTIMATORS: dict[str, AdvantageFn] = {
-    "gae": gae_advantage,
-    "grpo": grpo_advantage,
-    "rloo": rloo_advantage,
-    "reinforce_plus_plus": reinforce_plus_plus_advantage,
-    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantage,
-    "remax": remax_advantage,
-    "gpg": gpg_advantage,
-    "optimal_token_baseline": optimal_token_baseline_advantage,
-    "gdpo": gdpo_advantage,
-}
-# estimators that compare a prompt's responses with each other (a group of one falls back as verl's: see docs/verl.md)
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "gpg",
-                                              "optimal_token_baseline", "gdpo"})
-VALUE_ESTIMATORS: frozenset[str] = frozenset({"gae"})
+# verl's estimators with other baselines register after these ones, the order of the config's choices
+from klguard.algo import advantage_baselines  # noqa: E402, F401
 
-
-def compute_advantage(
-    name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **kwargs: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to ``ADV_ESTIMATORS[name]`` with the uniform keyword arguments."""
-    fn = ADV_ESTIMATORS.get(name)
-    if fn is None:
-        raise ValueError(f"unknown adv_estimator {name!r}; valid: {', '.join(ADV_ESTIMATORS)}")
-    if name in VALUE_ESTIMATORS and kwargs.get("values") is None:
-        raise ValueError(f"adv_estimator {name!r} needs values (a critic)")
-    if name in GROUP_ESTIMATORS and kwargs.get("group_index") is None:
-        raise ValueError(f"adv_estimator {name!r} needs group_index (one group key per sequence)")
-    return fn(token_level_rewards, response_mask, **kwargs)
+# the schema's algorithm.adv_estimator takes this type: the registered names, this module's and advantage_baselines'
+AdvEstimator = Literal[adv_estimator_names()]

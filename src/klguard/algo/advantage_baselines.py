@@ -8,7 +8,8 @@
   whitened over the batch (GDPO, Liu et al. 2026).
 
 Same contract as klguard.algo.advantage: ``(token_level_rewards [B, T], response_mask [B, T])`` plus keyword
-arguments; returns ``(advantages, returns)``, 0 where the mask is 0, computed under no_grad.
+arguments; returns ``(advantages, returns)``, 0 where the mask is 0, computed under no_grad. Each is registered with
+the inputs it needs (klguard.algo.advantage_registry), which the trainer builds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from klguard.algo.advantage_registry import register_adv_est
 from klguard.algo.advantage_shared import (
     GroupIndex,
     broadcast,
@@ -36,6 +38,7 @@ def _returns_to_go(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked.flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
 
 
+@register_adv_est("remax", inputs=("reward_baselines",))
 def remax_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -56,6 +59,7 @@ def remax_advantage(
     return adv, returns
 
 
+@register_adv_est("gpg", inputs=("group_index",))
 def gpg_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -77,6 +81,7 @@ def gpg_advantage(
     return adv, adv
 
 
+@register_adv_est("optimal_token_baseline", inputs=("group_index", "old_log_probs", "sum_pi_squared"))
 def optimal_token_baseline_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -118,6 +123,7 @@ def optimal_token_baseline_advantage(
     return adv, returns * mask
 
 
+@register_adv_est("gdpo", inputs=("group_index", "reward_components", "reward_weights"))
 def gdpo_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

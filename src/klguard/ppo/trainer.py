@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from klguard.algo.advantage import compute_advantage
+from klguard.algo.advantage_registry import adv_estimator_inputs, compute_advantage
 from klguard.algo.reward_shaping import shape_rewards, token_level_scores
 from klguard.config import Config, ConfigError, config_to_yaml
 from klguard.config.batches import resolve_batches
@@ -178,19 +178,19 @@ class PPOTrainer:
 
     def _advantages(self, sampled: Sampled, token_rewards: Tensor, mask: Tensor, values: Tensor | None
                     ) -> tuple[Tensor, Tensor]:
-        """algorithm.adv_estimator's advantages and returns, with what remax, optimal_token_baseline and gdpo need."""
-        alg, extra = self.cfg.algorithm, {}
-        if alg.adv_estimator == "remax":
-            extra["reward_baselines"] = greedy_baselines(self, sampled.prompts).to(token_rewards)
-        elif alg.adv_estimator == "optimal_token_baseline":
-            extra = {"old_log_probs": sampled.out.old_logprobs.float(),
-                     "sum_pi_squared": sum_pi_squared(self, sampled.prompts, sampled.out).to(token_rewards)}
-        elif alg.adv_estimator == "gdpo":
-            extra = {"reward_components": gdpo_components(alg.gdpo_reward_keys, sampled.reward.extra),
-                     "reward_weights": alg.gdpo_reward_weights}
+        """algorithm.adv_estimator's advantages and returns, given the inputs its registration declares: one builder
+        here per input an estimator may declare (klguard.algo.advantage_registry.ADV_INPUTS)."""
+        alg, prompts, out = self.cfg.algorithm, sampled.prompts, sampled.out
+        build = {"values": lambda: values, "group_index": lambda: prompts.group_index,
+                 "reward_baselines": lambda: greedy_baselines(self, prompts).to(token_rewards),
+                 "old_log_probs": lambda: out.old_logprobs.float(),
+                 "sum_pi_squared": lambda: sum_pi_squared(self, prompts, out).to(token_rewards),
+                 "reward_components": lambda: gdpo_components(alg.gdpo_reward_keys, sampled.reward.extra),
+                 "reward_weights": lambda: alg.gdpo_reward_weights}
+        inputs = {name: build[name]() for name in adv_estimator_inputs(alg.adv_estimator)}
         return compute_advantage(alg.adv_estimator, token_level_rewards=token_rewards, response_mask=mask,
-                                 values=values, group_index=sampled.prompts.group_index, gamma=alg.gamma, lam=alg.lam,
-                                 norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **extra)
+                                 gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+                                 **inputs)
 
     def _rollout(self, prompts: PromptBatch) -> tuple[RolloutBatch, float | None]:
         """Sampled with the KV cache from this rank's rows, gathered; on the actor's weights, gathered for it
