@@ -1,6 +1,7 @@
 """Load the policy, reference, critic and tokenizer from local Hugging Face folders (any causal LM that
-AutoModelForCausalLM knows: Llama, Qwen2, Mistral, Gemma, GPT-2, ...). Weights are fp32 masters;
-`fsdp_config.dtype` runs the forward under bf16 autocast. Remote code runs only with trust_remote_code."""
+AutoModelForCausalLM knows: Llama, Qwen2, Mistral, Gemma, GPT-2, ...) or GGUF files (klguard.model.gguf).
+Weights are fp32 masters; `fsdp_config.dtype` runs the forward under bf16 autocast. Remote code runs only with
+trust_remote_code."""
 
 from __future__ import annotations
 
@@ -16,9 +17,16 @@ from klguard.errors import UserError
 
 
 def check_model_folder(path: str | Path, key: str, *, tokenizer: bool = False) -> Path:
+    """The Hugging Face folder `path` names under `key`: the folder itself, or for a GGUF file (or a folder holding
+    one) its de-quantised copy in the cache (klguard.model.gguf)."""
+    from klguard.model.gguf import gguf_source, resolve_gguf  # it imports this module
+
     folder = Path(path).expanduser()
     if not folder.exists():
         raise UserError(f"{key}={path} does not exist")
+    gguf = gguf_source(folder, key)
+    if gguf is not None:
+        return resolve_gguf(gguf, key)
     marker = "tokenizer_config.json" if tokenizer else "config.json"
     if not folder.is_dir() or not (folder / marker).is_file():
         kind = "tokenizer" if tokenizer else "model"
