@@ -1,7 +1,7 @@
 """Pure-tensor RLHF algorithm core: KL estimators and controllers, advantages, PPO losses.
 
-No I/O, no distributed code, no model code: every function maps tensors to tensors. Policy losses and advantage
-estimators are registered by decorator (klguard.algo.registry), each with the inputs it needs.
+No I/O, no distributed code, no model code: every function maps tensors to tensors. Policy losses, advantage
+estimators and KL controllers are registered by decorator (klguard.algo.registry), each with the inputs it needs.
 """
 
 # imported for their registrations: any import of the registry imports this package first, so they are there
@@ -14,7 +14,9 @@ from klguard.algo.kl import (
     AdaptiveKLController,
     FixedKLController,
     build_kl_controller,
+    kl_controller_inputs,
     kl_penalty,
+    register_kl_controller,
 )
 from klguard.algo.loss import (
     LOSS_AGG_MODES,
@@ -46,6 +48,7 @@ __all__ = [
     "compute_value_loss",
     "entropy_from_logits",
     "get_policy_loss",
+    "kl_controller_inputs",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
@@ -54,5 +57,6 @@ __all__ = [
     "masked_whiten",
     "policy_loss_names",
     "register_adv_est",
+    "register_kl_controller",
     "register_policy_loss",
 ]

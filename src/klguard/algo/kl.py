@@ -9,10 +9,12 @@ Estimator names follow verl's ``algorithm.kl_penalty`` / ``actor.kl_loss_type``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, get_args
 
 import torch
+
+from klguard.algo.registry import Registry
 
 # The estimator names (the schema's algorithm.kl_penalty / actor.kl_loss_type take this type); X+ is X with
 # k2's gradient, see kl_penalty.
@@ -313,31 +315,46 @@ class PIDKLController:
         self.__dict__.update(restored.__dict__)
 
 
-# Factories take keyword arguments and ignore the ones they do not use, so a new controller
-# (e.g. PID) only needs a new entry here.
+# A controller is registered as a factory of the keyword arguments it declares: build_kl_controller passes it those
+# (the algorithm.kl_ctrl keys, with the starting coefficient as kl_coef) and no other.
 KLControllerFactory = Callable[..., KLController]
+_KL_CONTROLLERS: Registry[KLControllerFactory] = Registry("kl controller type")
+KL_CONTROLLERS = _KL_CONTROLLERS.entries  # name -> factory, in registration order
 
 
-def _build_fixed(*, kl_coef: float, **_: Any) -> KLController:
+def register_kl_controller(name: str, inputs: Sequence[str]) -> Callable[[KLControllerFactory], KLControllerFactory]:
+    """Decorator: make `factory` the controller `name` of algorithm.kl_ctrl.type, built from the keyword arguments
+    named in `inputs`."""
+    return _KL_CONTROLLERS.register(name, inputs)
+
+
+def kl_controller_inputs(name: str) -> tuple[str, ...]:
+    """The keyword arguments the controller `name` declared: what build_kl_controller passes its factory."""
+    return _KL_CONTROLLERS.inputs(name)
+
+
+def unregister_kl_controller(name: str) -> None:
+    """Remove a controller (a test's throwaway one)."""
+    _KL_CONTROLLERS.unregister(name)
+
+
+@register_kl_controller("fixed", inputs=("kl_coef",))
+def _build_fixed(*, kl_coef: float) -> KLController:
     return FixedKLController(kl_coef)
 
 
-def _build_adaptive(*, kl_coef: float, target_kl: float, horizon: float, **_: Any) -> KLController:
+@register_kl_controller("adaptive", inputs=("kl_coef", "target_kl", "horizon"))
+def _build_adaptive(*, kl_coef: float, target_kl: float, horizon: float) -> KLController:
     return AdaptiveKLController(kl_coef, target_kl, horizon)
 
 
-def _build_pid(*, kl_coef: float, target_kl: float, **kwargs: Any) -> KLController:
-    # horizon and any keys meant for other controllers are ignored; a None option means its default
-    options = {k: kwargs[k] for k in PIDKLController.OPTIONS if kwargs.get(k) is not None}
-    return PIDKLController(kl_coef, target_kl, **options)
+@register_kl_controller("pid", inputs=("kl_coef", "target_kl", *PIDKLController.OPTIONS))
+def _build_pid(*, kl_coef: float, target_kl: float, **options: Any) -> KLController:
+    # a None option means its default
+    return PIDKLController(kl_coef, target_kl, **{k: v for k, v in options.items() if v is not None})
 
 
-KLCtrlType = Literal["fixed", "adaptive", "pid"]  # the schema's algorithm.kl_ctrl.type; the keys below
-KL_CONTROLLERS: dict[str, KLControllerFactory] = {
-    "fixed": _build_fixed,
-    "adaptive": _build_adaptive,
-    "pid": _build_pid,
-}
+KLCtrlType = Literal[_KL_CONTROLLERS.names()]  # the schema's algorithm.kl_ctrl.type: the names registered above
 
 
 def build_kl_controller(
@@ -347,8 +364,9 @@ def build_kl_controller(
     horizon: int = 10000,
     **kwargs: Any,
 ) -> KLController:
-    """Build the controller named by ``algorithm.kl_ctrl.type`` (defaults are verl's)."""
-    factory = KL_CONTROLLERS.get(type)
-    if factory is None:
-        raise ValueError(f"unknown kl controller type {type!r}; valid: {', '.join(KL_CONTROLLERS)}")
-    return factory(kl_coef=kl_coef, target_kl=target_kl, horizon=horizon, **kwargs)
+    """Build the controller named by ``algorithm.kl_ctrl.type`` (defaults are verl's) from the keyword arguments
+    its registration declares; the others (keys meant for other controllers) are not passed. A factory put into
+    KL_CONTROLLERS without the decorator gets them all."""
+    factory = _KL_CONTROLLERS.get(type)
+    given = {"kl_coef": kl_coef, "target_kl": target_kl, "horizon": horizon, **kwargs}
+    return factory(**{k: v for k, v in given.items() if k in _KL_CONTROLLERS.inputs(type, undeclared=tuple(given))})
