@@ -65,8 +65,8 @@ NOT_RUN = {
     ("docs/verl.md", "pip install -e '.[verl]'"):
         "installs into the running environment, and a verl step needs GPUs; benchmarks/gpu/verl_plugin.sh is the "
         "GPU check",
-    ("docs/watch.md", "klguard watch train.log                         # a finished run: exit 0 calm, 3 roll "
-     "back or pause, 2 bad input"):
+    ("docs/watch.md", "klguard watch train.log      # a finished run: exit 0 calm, 3 roll back or pause, 4 blind "
+     "(no input), 2 bad input"):
         "a synopsis over the user's own logs (train.log, run.jsonl) and a Slurm job; tests/commands/watch run "
         "`klguard watch` on hand-written logs of every format",
     ("docs/watch.md", "python benchmarks/watch_reallogs.py        # or: python benchmarks/watch_reallogs.py "

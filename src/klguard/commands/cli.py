@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "TRL's console output, any JSON lines, trainer_state.json, `step: N name: value` lines, CSV, "
                        "pipe or whitespace tables, TensorBoard, an MLflow or W&B run, a klguard run")
     watch.add_argument("--follow", action="store_true", help="keep reading as the log grows, waiting for it to "
-                       "appear if it does not exist yet (Ctrl-C: exit 0)")
+                       "appear if it does not exist yet (Ctrl-C: the verdict so far, 0 calm or 4 blind)")
     watch.add_argument("--format", choices=FORMATS, help="the log's format (default: detected)")
     watch.add_argument("--events", metavar="FILE", help="where decisions go (default: events.jsonl beside the log; "
                        "watch_events.jsonl beside a klguard or TRL log, whose trainer writes its own)")
@@ -219,11 +219,12 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
     options = WatchOptions(follow=args.follow, fmt=args.format, events=Path(args.events) if args.events else None,
                            interval=args.interval, idle_exit=args.idle_exit, names=args.names)
+    watch = Watch(args.path, args.overrides, options)
     try:
-        return Watch(args.path, args.overrides, options).run()
+        return watch.run()
     except KeyboardInterrupt:
-        print("klguard watch: stopped by Ctrl-C; the guard stayed calm so far", file=sys.stderr)
-        return 0
+        print("klguard watch: stopped by Ctrl-C", file=sys.stderr)
+        return watch.interrupted()
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -217,6 +217,13 @@ class Watch:
         self.decisions += actions
         return any(a.kind in STOP_KINDS for a in actions)
 
+    def interrupted(self) -> int:
+        """Ctrl-C: the verdict on the steps judged so far, as at the log's end (never calm on nothing)."""
+        if self.session is None:
+            self.say(f"klguard watch: stopped before the log could be read; exit {EXIT_BLIND}")
+            return EXIT_BLIND
+        return self._calm()
+
     def _calm(self) -> int:
         """Calm (exit 0, naming what no rule could see) or, where no rule could fire at all, blind (exit 4)."""
         cfg = self.session.guard.cfg

@@ -301,3 +301,19 @@ def test_klguards_own_log_keeps_klguards_own_thresholds(tmp_path, capsys):
     verl = tmp_path / "verl.jsonl"
     verl.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows))
     assert main(["watch", str(verl)]) == 0
+
+
+def test_ctrl_c_gives_the_verdict_so_far_never_calm_on_nothing(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while following: calm (0) on steps that gave the rules inputs, blind (4) where nothing was read."""
+    from klguard.commands import watch as watch_module
+
+    def interrupt(_seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(watch_module.time, "sleep", interrupt)
+    calm = tmp_path / "calm.jsonl"
+    calm.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in steps(5, blowup=None)))
+    assert main(["watch", str(calm), "--follow"]) == 0
+    assert "5 steps read; the guard stayed calm" in capsys.readouterr().out
+    assert main(["watch", str(tmp_path / "not_yet.jsonl"), "--follow"]) == 4
+    assert "stopped before the log could be read; exit 4" in capsys.readouterr().out

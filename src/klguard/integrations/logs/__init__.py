@@ -2,7 +2,7 @@
 
 The format is told from the content, not the file name (klguard.integrations.logs.detect). Each reader's `poll()`
 returns the steps completed since the last call, as the trainer named them; `poll(final=True)` also the last step
-when nothing more will come. :class:`MappedLog` renames them through klguard.integrations.metric_maps (the
+when nothing more will come. `MappedLog` renames them through klguard.integrations.metric_maps (the
 trainer's map, told by the names, and the user's `--map`), then reads the names no map knows by what they mean
 (klguard.integrations.logs.meaning). Steps are read from the log, never counted, except in TRL's console dicts, which
 carry none (their entries are numbered).

@@ -1,6 +1,6 @@
 """Reading a text log as it is written: the complete lines appended since the last read.
 
-A reader built on :class:`LineLog` turns each line into a step's raw metrics (the trainer's own names) or nothing
+A reader built on `LineLog` turns each line into a step's raw metrics (the trainer's own names) or nothing
 (a line of other text); lines of one step are merged, and a step is returned once a line of another step arrives
 (or at the end, `final`). A file that shrank was started over (a relaunched trainer truncates it): it is read
 again from its start.
