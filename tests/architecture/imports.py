@@ -14,6 +14,7 @@ PACKAGE = SRC / "klguard"
 LAYERS: dict[str, int] = {
     "errors": 0,  # the error types every layer raises
     "fields": 1,  # the config sections' building blocks
+    "files": 1,  # whole-or-absent files: atomic writes, hashes, cached folders built once
     **dict.fromkeys(("algo", "data", "distributed", "guard"), 2),  # leaves: tensor math, parquet, ranks, the guard
     "config": 3,  # the typed schema, which embeds the leaves' choices and the guard's section
     **dict.fromkeys(("model", "runtime"), 4),  # models and infrastructure, as configured

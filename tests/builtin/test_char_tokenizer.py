@@ -82,26 +82,3 @@ def test_any_task_string_round_trips(text: str) -> None:
     ids = _TOK(text)["input_ids"]
     assert len(ids) == len(text)
     assert _TOK.decode(ids) == text
-
-
-def test_cache_publish_keeps_a_folder_another_process_finished_first(tmp_path):
-    """Two runs of `klguard demo` built the tokenizer cache at once; the second rename used to fail (ENOTEMPTY)."""
-    from klguard.builtin.warm_start import publish
-
-    out = tmp_path / "cache"
-    out.mkdir()
-    (out / "done").write_text("first")
-    tmp = tmp_path / "cache.partial-2"
-    tmp.mkdir()
-    (tmp / "done").write_text("second")
-    publish(tmp, out, "done")  # the other process won: its complete folder stays, ours goes
-    assert (out / "done").read_text() == "first" and not tmp.exists()
-    tmp.mkdir()
-    (tmp / "done").write_text("forced")
-    publish(tmp, out, "done", replace=True)  # sft --force rebuilds on purpose
-    assert (out / "done").read_text() == "forced" and not tmp.exists()
-    (out / "done").unlink()  # a half-written folder left by a crash is replaced
-    tmp.mkdir()
-    (tmp / "done").write_text("fresh")
-    publish(tmp, out, "done")
-    assert (out / "done").read_text() == "fresh"

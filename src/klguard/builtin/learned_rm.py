@@ -42,12 +42,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 from transformers.utils import logging as hf_logging
 
 from klguard.builtin.arith import make_arith_rows
-from klguard.builtin.warm_start import cache_root, publish
+from klguard.builtin.warm_start import cache_root
 from klguard.config.schema import LearnedRMConfig, SFTConfig
+from klguard.files import build_lock, publish
 from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.gsm8k import compute_score
 from klguard.reward.model_rm import render_chat
-from klguard.runtime.build_lock import build_lock
 
 RM_FORMAT_VERSION = 2  # bump when the recipe's meaning changes, so stale caches are not reused
 SAMPLE_BATCH = 256

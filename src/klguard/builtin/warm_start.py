@@ -28,9 +28,10 @@ from klguard.builtin.char_tokenizer import build_char_tokenizer
 from klguard.builtin.shipped import shipped_policy
 from klguard.builtin.tiny import build_tiny_llama, save_hf_folder
 from klguard.config.schema import Config, SFTConfig
+from klguard.files import build_lock, publish
+from klguard.files import cache_root as default_cache_root
 from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.gsm8k import compute_score
-from klguard.runtime.build_lock import build_lock
 
 SFT_FORMAT_VERSION = 3  # bump when the recipe changes, so stale caches are not reused (3: the policy ships)
 POOL_SIZE = 30_000
@@ -38,9 +39,7 @@ EVAL_SIZE = 512
 
 
 def cache_root(cfg: SFTConfig) -> Path:
-    if cfg.cache_dir:
-        return Path(cfg.cache_dir).expanduser()
-    return Path(os.environ.get("KLGUARD_CACHE", Path.home() / ".cache" / "klguard"))
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_root()
 
 
 def sft_recipe(cfg: SFTConfig, form: str) -> dict:
@@ -63,21 +62,6 @@ def ensure_builtin_tokenizer(cfg: SFTConfig) -> Path:
         build_char_tokenizer().save_pretrained(tmp)
         publish(tmp, out, "tokenizer_config.json")
     return out
-
-
-def publish(tmp: Path, out: Path, marker: str, *, replace: bool = False) -> None:
-    """Rename the finished cache folder `tmp` to `out` (atomic). Builds are deterministic, so when another process
-    (e.g. the other run of `klguard demo`) published a complete `out` first, its folder is kept and `tmp`
-    dropped; an incomplete `out` (a crash mid-copy of an older klguard) is replaced, a complete one only when
-    `replace` (sft --force)."""
-    if out.exists() and (replace or not (out / marker).is_file()):
-        shutil.rmtree(out, ignore_errors=True)
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        if not (out / marker).is_file():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def prepare_builtin_policy(config: Config, log: Callable[[str], None]) -> None:

@@ -25,8 +25,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from klguard.errors import UserError
-from klguard.model.loading import _one_line, hf_load
-from klguard.runtime.checkpoint import _fsync_tree, _sha256, atomic_write_text
+from klguard.files import atomic_write_text, build_lock, cache_root, fsync_tree, publish, sha256_file
+from klguard.model.hf_load import hf_load, one_line
 
 FORMAT = "gguf-v1"  # bump when the conversion changes, so older cached folders are not reused
 MARKER = "klguard_gguf.json"  # written last: a cached folder without it is not used
@@ -52,16 +52,12 @@ def gguf_source(path: str | Path, key: str) -> Path | None:
     return found[0] if found else None
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("KLGUARD_CACHE", Path.home() / ".cache" / "klguard"))
-
-
 def file_sha256(path: Path) -> str:
     """The file's sha256, remembered in this process while its size and mtime stay the same."""
     stat = path.stat()
     memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if memo not in _hashes:
-        _hashes[memo] = _sha256(path)
+        _hashes[memo] = sha256_file(path)
     return _hashes[memo]
 
 
@@ -74,6 +70,13 @@ def resolve_gguf(gguf: Path, key: str, *, log: Callable[[str], None] = print) ->
     out = cached_folder(gguf)
     if (out / MARKER).is_file():
         return out
+    with build_lock(out, f"the Hugging Face folder of {gguf.name}", log):
+        if (out / MARKER).is_file():
+            return out  # converted by the process this one waited for
+        return _convert(gguf, out, key, log)
+
+
+def _convert(gguf: Path, out: Path, key: str, log: Callable[[str], None]) -> Path:
     check_readers(gguf, key)
     special = special_token_ids(check_gguf_file(gguf, key))
     log(f"klguard: converting {gguf} to a Hugging Face folder (once; cached at {out})")
@@ -82,12 +85,10 @@ def resolve_gguf(gguf: Path, key: str, *, log: Callable[[str], None] = print) ->
     try:
         convert_gguf(gguf, tmp, key, special)
         atomic_write_text(tmp / MARKER, json.dumps({"source": str(gguf), "sha256": out.name}) + "\n")
-        _fsync_tree(tmp)
-        from klguard.builtin.warm_start import publish  # lazily: it imports the trainer
-
+        fsync_tree(tmp)
         publish(tmp, out, MARKER)
     except (RuntimeError, NotImplementedError, IndexError) as exc:  # e.g. a quantisation gguf cannot undo
-        raise UserError(f"{key}={gguf} could not be converted: {type(exc).__name__}: {_one_line(exc)}") from None
+        raise UserError(f"{key}={gguf} could not be converted: {type(exc).__name__}: {one_line(exc)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -112,7 +113,7 @@ def check_gguf_file(gguf: Path, key: str):
     try:
         return GGUFReader(gguf)
     except Exception as exc:  # the reader raises ValueError, IndexError, struct errors...: all mean a bad file
-        raise UserError(f"{key}={gguf} is truncated or corrupt ({type(exc).__name__}: {_one_line(exc)})") from None
+        raise UserError(f"{key}={gguf} is truncated or corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
 
 def convert_gguf(gguf: Path, out: Path, key: str, special: dict[str, int]) -> None:

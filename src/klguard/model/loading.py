@@ -14,13 +14,13 @@ from transformers.utils import logging as hf_logging
 
 from klguard.config.schema import Config
 from klguard.errors import UserError
+from klguard.model.gguf import gguf_source, resolve_gguf
+from klguard.model.hf_load import hf_load, one_line
 
 
 def check_model_folder(path: str | Path, key: str, *, tokenizer: bool = False) -> Path:
     """The Hugging Face folder `path` names under `key`: the folder itself, or for a GGUF file (or a folder holding
     one) its de-quantised copy in the cache (klguard.model.gguf)."""
-    from klguard.model.gguf import gguf_source, resolve_gguf  # it imports this module
-
     folder = Path(path).expanduser()
     if not folder.exists():
         raise UserError(f"{key}={path} does not exist")
@@ -32,19 +32,6 @@ def check_model_folder(path: str | Path, key: str, *, tokenizer: bool = False) -
         kind = "tokenizer" if tokenizer else "model"
         raise UserError(f"{key}={path} is not a Hugging Face {kind} folder (no {marker})")
     return folder
-
-
-def _one_line(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def hf_load(loader, path: Path, key: str, **kwargs):
-    """`loader(path, **kwargs)` (a from_pretrained); a folder HF cannot read is one line naming `key`."""
-    try:
-        return loader(path, **kwargs)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{key}={path} could not be loaded: {type(exc).__name__}: {_one_line(exc)}") from None
 
 
 def set_pad_token(tokenizer, key: str):
@@ -77,7 +64,7 @@ def hf_config(path: Path, override: dict, trust_remote_code: bool, key: str = "m
         try:
             setattr(config, name, value)
         except (ValueError, TypeError) as exc:
-            raise UserError(f"{key}: override_config.{name}={value!r} rejected: {_one_line(exc)}") from None
+            raise UserError(f"{key}: override_config.{name}={value!r} rejected: {one_line(exc)}") from None
     return config
 
 

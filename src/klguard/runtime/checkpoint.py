@@ -19,15 +19,13 @@ rank 0 creates the folder first and, after a barrier, writes the state and the m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ import torch
 
 from klguard.distributed.context import DistContext
 from klguard.errors import UserError
+from klguard.files import atomic_write_text, fsync_dir, fsync_tree, sha256_file
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
@@ -45,55 +44,12 @@ _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _PARTIAL_DIR = re.compile(r"^\.global_step_\d+\.partial$")
 
 
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def atomic_file(path: Path) -> Iterator[Path]:
-    """A hidden path next to `path`, with its name's suffixes, to write in the block: renamed onto `path` when the
-    block ends, deleted when it raises, so `path` is never a torn file."""
-    tmp = path.with_name(f".tmp.{path.name}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only left when the block or the rename failed
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _listed_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() not in _UNLISTED)
 
 
 def write_manifest(folder: Path) -> None:
-    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
              for p in _listed_files(folder)}
     (folder / MANIFEST_FILE).write_text(json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True))
 
@@ -114,7 +70,7 @@ def verify_checkpoint(folder: Path) -> str | None:
             return f"{rel} is missing"
         if path.stat().st_size != expected["size"]:
             return f"{rel} has {path.stat().st_size} bytes, the manifest says {expected['size']}"
-        if _sha256(path) != expected["sha256"]:
+        if sha256_file(path) != expected["sha256"]:
             return f"{rel} does not match its sha256 checksum"
     return None
 
@@ -188,11 +144,11 @@ class CheckpointManager:
                 os.kill(os.getpid(), signal.SIGKILL)
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
             write_manifest(tmp)
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(self.run_dir)
+            fsync_dir(self.run_dir)
             atomic_write_text(self.run_dir / LATEST_FILE, str(step))
             self._prune(set(keep))
         self._warned.discard(step)

@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from klguard.runtime.checkpoint import atomic_write_text
+from klguard.files import atomic_write_text
 
 
 def append_event(path: Path, record: dict[str, Any], *, who: str = "klguard guard") -> None:

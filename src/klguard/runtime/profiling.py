@@ -22,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from klguard.config.schema import PROFILER_CONTENTS
-from klguard.runtime.checkpoint import atomic_file, atomic_write_text
+from klguard.files import atomic_file, atomic_write_text
 
 if TYPE_CHECKING:
     from klguard.config.schema import Config

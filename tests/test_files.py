@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from klguard.runtime.build_lock import build_lock
+from klguard.files import build_lock, publish
 
 
 def _ensure(out, builds: list[str], log: list[str], name: str) -> None:
@@ -45,3 +45,24 @@ def test_a_build_that_fails_frees_the_lock(tmp_path):
     with build_lock(out, "x", log.append):
         pass
     assert log == []  # nobody held it: no wait
+
+
+def test_cache_publish_keeps_a_folder_another_process_finished_first(tmp_path):
+    """Two runs of `klguard demo` build the tokenizer cache at once: the second rename keeps the first's folder."""
+    out = tmp_path / "cache"
+    out.mkdir()
+    (out / "done").write_text("first")
+    tmp = tmp_path / "cache.partial-2"
+    tmp.mkdir()
+    (tmp / "done").write_text("second")
+    publish(tmp, out, "done")  # the other process won: its complete folder stays, ours goes
+    assert (out / "done").read_text() == "first" and not tmp.exists()
+    tmp.mkdir()
+    (tmp / "done").write_text("forced")
+    publish(tmp, out, "done", replace=True)  # sft --force rebuilds on purpose
+    assert (out / "done").read_text() == "forced" and not tmp.exists()
+    (out / "done").unlink()  # a half-written folder left by a crash is replaced
+    tmp.mkdir()
+    (tmp / "done").write_text("fresh")
+    publish(tmp, out, "done")
+    assert (out / "done").read_text() == "fresh"
