@@ -101,9 +101,16 @@ def _numeric(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+LONG_NAME_COLUMNS = ("metric", "key", "name", "metric_name")
+LONG_VALUE_COLUMNS = ("value", "metric_value")
+LONG_RUN_COLUMNS = ("run_name", "run", "run_id")
+
+
 class CsvLog:
     """A CSV export with a header row; the step is a column (`step`, `Step`, `_step`, `global_step`, ...). W&B's
-    exports name columns `<run> - <metric>` (and `<metric>__MIN`/`__MAX` bands, skipped)."""
+    exports name columns `<run> - <metric>` (and `<metric>__MIN`/`__MAX` bands, skipped). A long export, one row
+    per metric (`run_name,metric,step,value`, as W&B's API or pandas' melt writes it), is read whole at the end:
+    its rows come in any order, so a step is complete only once the file is."""
 
     format, trainer = "csv", None
 
@@ -121,6 +128,11 @@ class CsvLog:
         if column is None:
             raise UserError(f"{self.path}: the header row has no step column ({', '.join(STEP_KEYS[:4])}, ...): "
                             "steps are read, never counted")
+        lowered = [name.lower() for name in header]
+        names = next((lowered.index(n) for n in LONG_NAME_COLUMNS if n in lowered), None)
+        values = next((lowered.index(n) for n in LONG_VALUE_COLUMNS if n in lowered), None)
+        if names is not None and values is not None:
+            return self._long(rows, column, names, values) if final else []
         body = rows[1:] if final else rows[1:-1]  # the last row may still be being written
         out: list[Step] = []
         for number, row in enumerate(body[self._rows:], start=self._rows + 2):
@@ -133,6 +145,31 @@ class CsvLog:
             out.append((int(step), raw))
         self._rows = len(body)
         return out
+
+
+    def _long(self, rows: list[list[str]], step_col: int, name_col: int, value_col: int) -> list[Step]:
+        """One step per distinct step value, its metrics gathered from every row of it (once: read at the end)."""
+        if self._rows:
+            return []
+        header = [name.strip().lower() for name in rows[0]]
+        run_col = next((header.index(n) for n in LONG_RUN_COLUMNS if n in header), None)
+        runs = {row[run_col] for row in rows[1:] if run_col is not None and run_col < len(row)}
+        if len(runs) > 1:
+            shown = ", ".join(sorted(runs)[:4])
+            raise UserError(f"{self.path} holds {len(runs)} runs in its {rows[0][run_col]!r} column ({shown}"
+                            f"{', ...' if len(runs) > 4 else ''}): write one run's rows to a file of its own")
+        steps: dict[int, dict[str, float]] = {}
+        for number, row in enumerate(rows[1:], start=2):
+            if len(row) <= max(step_col, name_col, value_col):
+                raise UserError(f"{self.path}: row {number} has {len(row)} fields, the header {len(header)}")
+            step = _float(row[step_col])
+            if step is None or not math.isfinite(step):
+                raise UserError(f"{self.path}: row {number} has no step in column {rows[0][step_col]!r}")
+            value = _float(row[value_col])
+            if value is not None:
+                steps.setdefault(int(step), {})[_csv_name(row[name_col].strip())] = value
+        self._rows = len(rows) - 1
+        return sorted(steps.items())
 
 
 def _csv_name(name: str) -> str:
