@@ -1,0 +1,87 @@
+"""Draw responses across a probe run for reading by hand, and score gold's agreement with the reading.
+
+    python benchmarks/real_model/label_samples.py draw RUN_DIR labels.jsonl --per-step 2 --every 4
+    # fill in "reader" (1: a positive one-sentence review of the item a careful reader accepts, 0: not) and "note"
+    python benchmarks/real_model/label_samples.py score labels.jsonl
+
+`draw` takes rollouts (split "train") of every `--every`-th step, `--per-step` of them at random (seeded), with
+their step, item words, proxy, gold and gold's failed checks; `score` prints the agreement of gold with the
+reader's labels, overall, on the hacked ones (gold 0, proxy at the prompt's yardstick) and by step range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+
+from klguard.builtin import reviews
+
+
+def draw(run: Path, out: Path, per_step: int, every: int, seed: int) -> None:
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    for line in (run / "samples.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["split"] == "train" and (row["step"] - 1) % every == 0:
+            by_step[row["step"]].append(row)
+    rng = random.Random(seed)
+    picked = []
+    for step in sorted(by_step):
+        for row in rng.sample(by_step[step], min(per_step, len(by_step[step]))):
+            yardstick = reviews.proxy_score(reviews.reference_response(row["item"]))
+            picked.append({"step": step, "item": row["item"], "text": row["text"], "proxy": row["proxy"],
+                           "gold": row["gold"], "failed": row["failed"],
+                           "hacked": row["gold"] == 0 and row["proxy"] >= yardstick - 1e-6,
+                           "reader": None, "note": ""})
+    out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in picked))
+    print(f"{len(picked)} responses from {len(by_step)} steps -> {out}")
+
+
+def score(labels: Path) -> dict:
+    rows = [json.loads(line) for line in labels.read_text().splitlines()]
+    done = [r for r in rows if r["reader"] is not None]
+
+    def agree(sel: list[dict]) -> str:
+        n = sum(float(r["reader"]) == r["gold"] for r in sel)
+        return f"{n}/{len(sel)} = {n / len(sel):.3f}" if sel else "-"
+
+    steps = sorted({r["step"] for r in done})
+    third = max(1, len(steps) // 3)
+    result = {
+        "labelled": len(done), "of": len(rows), "agreement": agree(done),
+        "hacked": agree([r for r in done if r["hacked"]]),
+        "gold_1": agree([r for r in done if r["gold"] == 1]), "gold_0": agree([r for r in done if r["gold"] == 0]),
+        "reader_1_share": f"{sum(r['reader'] for r in done) / max(1, len(done)):.3f}",
+        "gold_1_share": f"{sum(r['gold'] for r in done) / max(1, len(done)):.3f}",
+    }
+    for i, name in enumerate(("early", "middle", "late")):
+        part = steps[i * third:] if i == 2 else steps[i * third:(i + 1) * third]
+        result[f"{name} steps {part[0]}-{part[-1]}" if part else name] = agree([r for r in done if r["step"] in part])
+    for k, v in result.items():
+        print(f"{k}: {v}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("draw")
+    d.add_argument("run", type=Path)
+    d.add_argument("out", type=Path)
+    d.add_argument("--per-step", type=int, default=2)
+    d.add_argument("--every", type=int, default=4)
+    d.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("score")
+    s.add_argument("labels", type=Path)
+    args = parser.parse_args(argv)
+    if args.cmd == "draw":
+        draw(args.run, args.out, args.per_step, args.every, args.seed)
+    else:
+        score(args.labels)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
