@@ -17,6 +17,7 @@ import statistics
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -405,15 +406,25 @@ def verl_examples() -> str:
 
 # --- the guard's keys, from its schema ---------------------------------------------------------------------------
 
-def guard_keys() -> str:
-    from klguard.guard.config import GuardConfig
+def _shown(value: object) -> str:
+    return "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
 
+
+def guard_keys() -> str:
+    """Every `guard.*` key: the guard's own, then each rule's from its declaration (klguard.guard.registry)."""
+    from klguard.guard.config import GuardConfig
+    from klguard.guard.registry import declared_keys
+
+    owner = {key.name: (rule.name, key) for rule, key in declared_keys()}
     rows = []
     for f in dataclasses.fields(GuardConfig):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        shown = "null" if default is None else json.dumps(default) if not isinstance(default, str) else default
-        rows.append([f"`guard.{f.name}`", f"`{shown}`", f.metadata.get("help", "").replace("|", "\\|")])
-    return table(["key", "default", "what it does (and what measured it)"], rows)
+        rule, key = owner.get(f.name, ("the guard", None))
+        other = f"`{_shown(key.external)}`" if key is not None and key.has_external else ""
+        rows.append([f"`guard.{f.name}`", rule, f"`{_shown(default)}`", other,
+                     f.metadata.get("help", "").replace("|", "\\|")])
+    return table(["key", "of", "default", "default on another trainer's model", "what it does (and what measured it)"],
+                 rows)
 
 
 def guard_actions() -> str:
@@ -423,13 +434,35 @@ def guard_actions() -> str:
                  [[f"`{kind}`", text] for kind, text in ACTION_KINDS.items()])
 
 
+def guard_rules() -> str:
+    """Every rule and signal from its declaration: what it reads, what it does at the defaults, its keys, gold."""
+    from klguard.guard.config import EXTERNAL_HOST_DEFAULTS, GuardConfig
+    from klguard.guard.registry import rules
+
+    own, other = GuardConfig(), GuardConfig(**EXTERNAL_HOST_DEFAULTS)
+    kinds = {"alarm": "alarm", "signal": "hacking signal", "check": "check"}
+    rows = []
+    for r in rules():
+        says = r.says(own)
+        if r.active(SimpleNamespace(cfg=own, kl_controlled=True)):
+            pass
+        elif r.active(SimpleNamespace(cfg=other, kl_controlled=True)):
+            says = f"{r.says(other)} (on another trainer's model; off in klguard's own runs)"
+        else:
+            says += " (logged only: off unless guard.hacking_signals names it)" if r.kind == "signal" else " (off)"
+        rows.append([f"`{r.name}`", kinds[r.kind], " and ".join(" or ".join(f"`{n}`" for n in group)
+                                                                 for group in r.reads),
+                     says.replace("|", "\\|"), ", ".join(f"`{k.name}`" for k in r.keys) or "-",
+                     "yes" if r.needs_gold else "no"])
+    return table(["rule", "kind", "reads (verl's names)", "what it does (defaults)", "its keys", "needs gold"], rows)
+
+
 def guard_signals() -> str:
-    from klguard.guard.config import DEFAULT_HACKING_SIGNALS
-    from klguard.guard.state import HACK_SIGNALS
+    from klguard.guard.registry import rules
 
     return table(["signal", "raises the alarm by default", "logged as"],
-                 [[f"`{name}`", "yes" if name in DEFAULT_HACKING_SIGNALS else "no (logged only)",
-                   f"`guard/hack_{name}`"] for name in HACK_SIGNALS])
+                 [[f"`{r.name}`", "yes" if r.default_on else "no (logged only)", f"`guard/hack_{r.name}`"]
+                  for r in rules("signal")])
 
 
 def config_keys() -> str:
@@ -495,9 +528,11 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "tp_rollout.md": ("benchmarks/results/tp_rollout.json", tp_rollout),
     "soak.md": ("benchmarks/results/soak.json", soak),
     "rm_overoptimisation.md": ("benchmarks/results/rm_overoptimisation.json", rm_overoptimisation),
-    "guard_keys.md": ("src/klguard/guard/config.py", guard_keys),
+    "guard_keys.md": ("src/klguard/guard/config.py and the rules' declarations (src/klguard/guard/rules/)",
+                      guard_keys),
     "guard_actions.md": ("src/klguard/guard/actions.py", guard_actions),
-    "guard_signals.md": ("src/klguard/guard/state.py and config.py", guard_signals),
+    "guard_rules.md": ("the rules' declarations (src/klguard/guard/rules/)", guard_rules),
+    "guard_signals.md": ("the signals' declarations (src/klguard/guard/rules/)", guard_signals),
     "config_keys.md": ("src/klguard/config/ (the schema)", config_keys),
     "verl_ignored.md": ("src/klguard/resources/verl*_keys.txt and the schema", verl_ignored),
     "verl_examples.md": ("benchmarks/results/verl_examples.json", verl_examples),

@@ -29,7 +29,7 @@ def test_defaults_are_the_seed_values_except_the_calibrated_ones() -> None:
     assert (cfg.rollback_kl_coef_factor, cfg.rollback_lr_factor, cfg.length_growth_max) == (6.0, 0.5, 0.5)
     assert cfg.reanchor_on_rollback
     helps = {f.name: f.metadata["help"] for f in fields(GuardConfig)}
-    assert "at 0.2 it ratcheted" in helps["penalty_share_max"] and "reaches 0.05" in helps["kl_hard_limit"]
+    assert "a raise lifts the share" in helps["penalty_share_max"] and "reaches 0.05" in helps["kl_hard_limit"]
     cfg.validate()
 
 

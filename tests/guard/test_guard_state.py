@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 
 from guard_streams import QUIET, Driver, make, seed_config, steps
 from hypothesis import given, settings
@@ -127,3 +128,30 @@ def test_invariants_and_resume_on_random_streams(metrics: list[dict[str, float]]
     assert all(math.isfinite(v) for m in d.metrics.values() for v in m.values())
     whole, resumed = replay(min(split, len(stream)), stream, hacking_action=hacking, warmup_kl_coef=0.05)
     assert resumed == whole
+
+
+# ------------------------------------------------------------------ a version 1 state (each rule's memory in a field)
+
+def v1_stream(n: int = 80) -> list[tuple[int, dict[str, float]]]:
+    """busy_stream with every hacking signal's metric, so every rule and baseline has a memory to carry over."""
+    return [(s, {**metrics, "hacking/repeated_ngram_share": 0.1 + 0.004 * s, "hacking/rm_ensemble_std": 0.2 + 0.01 * s,
+                 "hacking/ref_low_prob_share": 0.02 + 0.001 * s, "hacking/ref_nll": 1.2 + 0.01 * s,
+                 "hacking/rm_feature_outlier_share": 0.03 + 0.001 * s, "hacking/rm_score": 0.5 + 0.05 * s,
+                 "hacking/rm_score_std": 1.0, "hacking/audit_score": 0.5, "hacking/audit_score_std": 1.0})
+            for s, metrics in busy_stream(n)]
+
+
+def test_a_version_1_state_resumes_with_the_same_decisions() -> None:
+    """guard_state_v1.json: a state the guard wrote before its rules were declared one a file, and what that guard
+    decided and logged after it; this guard, loading it, decides and logs the same."""
+    fixture = json.loads((Path(__file__).parent / "guard_state_v1.json").read_text())
+    assert fixture["state"]["version"] == 1 and "ppo_kl_streak" in fixture["state"]
+    split = fixture["split"]
+    resumed = Driver(KLGuard(seed_config(**fixture["config"]), total_steps=100, target_kl=0.015, kl_coef=0.1),
+                     beta=fixture["beta"])
+    resumed.guard.load_state_dict(fixture["state"])
+    resumed.run(v1_stream()[split:])
+    actions = {str(s): [a.to_dict() for a in acts] for s, acts in resumed.log.items() if acts}
+    assert actions == {s: acts for s, acts in fixture["actions"].items() if acts} != {}
+    assert {str(s): m for s, m in resumed.metrics.items()} == fixture["metrics"]
+    assert resumed.guard.state_dict()["version"] == 2

@@ -38,15 +38,15 @@ def test_a_metric_every_10_steps_has_its_first_value_as_baseline(nll: float, fir
 def test_the_window_is_the_first_baseline_window_steps_from_the_first_value() -> None:
     # every 5 steps from step 3: steps 3 and 8 are in the first 10 steps (baseline 1.0), step 13 is judged
     d = run(sparse({3: 0.9, 8: 1.1, 13: 1.51, 18: 1.49}, n=20, start=1))
-    assert d.guard.state_dict()["ref_nll_base"] == [0.9, 1.1]
+    assert d.guard.state_dict()["baselines"]["ref_nll"] == [0.9, 1.1]
     assert [s for s in d.metrics if d.metrics[s]["guard/hack_ref_nll"]] == [13]
     d = run(sparse({3: 0.9, 8: 1.1, 13: 1.51}, n=20, start=1), baseline_window=11)  # step 13 is in the window
-    assert d.guard.state_dict()["ref_nll_base"] == [0.9, 1.1, 1.51] and not d.fired()
+    assert d.guard.state_dict()["baselines"]["ref_nll"] == [0.9, 1.1, 1.51] and not d.fired()
 
 
 def test_no_signal_fires_before_the_window_ends() -> None:
     d = run(sparse({0: 1.2, 5: 9.0, 9: 9.0, 10: 1.2}))
-    assert not d.fired() and d.guard.state_dict()["ref_nll_base"] == [1.2, 9.0, 9.0]
+    assert not d.fired() and d.guard.state_dict()["baselines"]["ref_nll"] == [1.2, 9.0, 9.0]
 
 
 def test_a_metric_logged_every_step_keeps_its_first_10_values() -> None:
@@ -54,7 +54,7 @@ def test_a_metric_logged_every_step_keeps_its_first_10_values() -> None:
     for last, fires in ((1.96, True), (1.94, False)):
         stream = [(0, {}), *steps({s: {NLL: v} for s, v in enumerate(values, start=1)} | {11: {NLL: last}}, 12)]
         d = run(stream)  # step 0: a validation-only step, as klguard's trainer logs before training
-        assert d.guard.state_dict()["ref_nll_base"] == values[:10]
+        assert d.guard.state_dict()["baselines"]["ref_nll"] == values[:10]
         assert d.metrics[11]["guard/hack_ref_nll"] == float(fires)
         assert d.metrics[10]["guard/hack_ref_nll"] == 0.0  # step 10 is the baseline's tenth value
 
@@ -73,7 +73,7 @@ def test_every_hacking_baseline_completes_from_sparse_values() -> None:
     names = ("length", "entropy", "kl_seq", "repetition", "rm_spread", "ref_low", "ref_nll", "rm_outlier",
              "rm_score", "audit_score")
     assert state["baseline_start"] == dict.fromkeys(names, 0)
-    assert all(len(state[f"{n}_base"]) == 1 for n in names)
+    assert all(len(state["baselines"][n]) == 1 for n in names)
     assert d.metrics[10]["guard/audit_gap"] == 0.0  # both score baselines complete at step 10
 
 
@@ -83,7 +83,7 @@ def test_a_guard_restored_mid_baseline_matches_an_uninterrupted_one() -> None:
     assert [s for s in whole.metrics if whole.metrics[s]["guard/hack_ref_nll"]] == [20, 40]
     first = run(stream[:6])  # steps 0-5: the baseline holds one value, its window ends at step 10
     state = json.loads(json.dumps(first.guard.state_dict(), allow_nan=False))
-    assert (state["baseline_start"]["ref_nll"], state["ref_nll_base"]) == (0, [1.2])
+    assert (state["baseline_start"]["ref_nll"], state["baselines"]["ref_nll"]) == (0, [1.2])
     resumed = Driver(KLGuard(seed_config(hacking_action="none", hacking_signals=list(HACK_SIGNALS)),
                              total_steps=100, target_kl=0.5, kl_coef=7.0), beta=first.beta)
     resumed.guard.load_state_dict(state)
@@ -101,6 +101,6 @@ def test_a_state_without_window_starts_collects_on() -> None:
     guard.load_state_dict(state)
     d = Driver(guard)
     d.run(sparse({10: 1.4, 20: 1.85}, n=30, start=6))  # the window restarts at step 10, the first value after it
-    assert guard.state_dict()["ref_nll_base"] == [1.2, 1.4]
+    assert guard.state_dict()["baselines"]["ref_nll"] == [1.2, 1.4]
     assert [s for s in d.metrics if d.metrics[s]["guard/hack_ref_nll"]] == [20]
     assert d.log[20][0].threshold == pytest.approx(1.8)  # (1.2 + 1.4) / 2 + 0.5

@@ -11,7 +11,14 @@ import pytest
 from klguard.errors import UserError
 from klguard.guard.signals import read_metrics
 from klguard.integrations.gold import GoldWindow
-from klguard.integrations.metric_maps import TRL_METRICS, guard_names, split_target, to_klguard_names
+from klguard.integrations.metric_maps import (
+    OPENRLHF_METRICS,
+    TRL_METRICS,
+    guard_names,
+    rules_without_input,
+    split_target,
+    to_klguard_names,
+)
 
 
 def test_trl_names_become_the_guards_inputs():
@@ -80,3 +87,11 @@ def test_the_user_map_takes_a_transform():
                          (":log", "no guard name")):
         with pytest.raises(UserError, match=message):
             split_target(bad)
+
+
+def test_which_rules_a_trainers_map_leaves_without_input():
+    """From the rules' declarations: TRL logs no actor/ppo_kl, OpenRLHF no KL coefficient (docs/integrations.md)."""
+    trl, openrlhf = set(TRL_METRICS.values()), set(OPENRLHF_METRICS.values())
+    assert "ppo_kl" in rules_without_input(trl) and "kl_hard" not in rules_without_input(trl)
+    assert "penalty_share" in rules_without_input(openrlhf) and "ppo_kl" not in rules_without_input(openrlhf)
+    assert "val_drop" not in rules_without_input({"val-core/gsm8k/acc/mean@1"})

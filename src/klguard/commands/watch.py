@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klguard.commands.watch_rules import blind_to, inputs_line, rules_lines
+from klguard.commands.watch_rules import blind_to, inputs_line, off_line, rules_lines
 from klguard.config.restricted import load_restricted, with_host_defaults
 from klguard.errors import UserError
 from klguard.guard import Action, AdvisoryHost, GuardSession, KLGuard
@@ -169,10 +169,13 @@ class Watch:
         self.say(f"klguard watch: {inputs_line(names)} ({whose}{mapped}{meant})")
         for line in self._meaning_lines(news):
             self.say(line)
-        run, cannot = rules_lines(self.session.guard.cfg, names)
+        run, cannot = rules_lines(self.session.guard, names)
         self.say("klguard watch: rules: " + ("; ".join(run) or "none"))
         if cannot:
             self.say("klguard watch: cannot fire for want of their input: " + ", ".join(cannot))
+        off = off_line(self.session.guard)
+        if off:
+            self.say(f"klguard watch: {off}")
         if reader.counted:
             self.say("klguard watch: these console dicts carry no step: steps are the entries' numbers")
 
@@ -227,14 +230,14 @@ class Watch:
     def _calm(self) -> int:
         """Calm (exit 0, naming what no rule could see) or, where no rule could fire at all, blind (exit 4)."""
         cfg = self.session.guard.cfg
-        run, _ = rules_lines(cfg, self.names)
+        run, _ = rules_lines(self.session.guard, self.names)
         if not run or self.steps == 0:
             return self._blind()
         advice = sum(a.kind != "warn" for a in self.decisions)
         window = cfg.baseline_window
         short = (f"; {self.steps} steps are too few for the rules that compare with the first {window}"
                  if self.steps <= window else "")
-        unseen = blind_to(cfg, self.names)
+        unseen = blind_to(self.session.guard, self.names)
         if unseen:
             self.say("klguard watch: no rule could see: " + "; ".join(unseen))
         self.say(f"klguard watch: {self.steps} steps read; the guard stayed calm ({advice} advisory "

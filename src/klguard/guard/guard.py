@@ -22,16 +22,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from klguard.guard import rules
+from klguard.guard import hacking, registry
 from klguard.guard.actions import Action
 from klguard.guard.config import GuardConfig, default_target_kl
-from klguard.guard.hacking import Evidence, describe, measure_hacking, restart_reference_baselines
-from klguard.guard.signals import LENGTH, REF_KL, Observation, read_metrics
-from klguard.guard.state import ALARMS, HACK_SIGNALS, GuardState
-
-_STEP_ALARMS = ("ppo_kl", "penalty_share", "grad_norm", "kl_hard", "kl_spike")
-"""Alarms that describe the latest step only (the others persist: val_drop until the next
-validation, kl_slow with its streak)."""
+from klguard.guard.signals import REF_KL, read_metrics
+from klguard.guard.state import GuardState
+from klguard.guard.step import Evidence, Step, Trigger, Validation
+from klguard.guard.tighten import cut_lr, lower_target_kl, raise_kl_coef
 
 
 class KLGuard:
@@ -115,27 +112,28 @@ class KLGuard:
 
     def _alarmed(self) -> bool:
         """Whether a signal that raises the hacking alarm (guard.hacking_signals) is active."""
-        return any(self._st.hack[name] for name in self.cfg.hacking_signals)
+        return any(self._st.hack.get(name, False) for name in self.cfg.hacking_signals)
 
     def guard_metrics(self) -> dict[str, float]:
         """``guard/*`` metrics for the latest step (flags as 0/1); empty when the guard is disabled."""
         if not self.cfg.enable:
             return {}
         st = self._st
-        out = {f"guard/alarm_{name}": float(st.alarms[name]) for name in ALARMS}
-        out |= {f"guard/hack_{name}": float(st.hack[name]) for name in HACK_SIGNALS}
+        out = {f"guard/alarm_{name}": float(st.alarms.get(name, False)) for name in registry.names("alarm")}
+        out |= {f"guard/hack_{name}": float(st.hack.get(name, False)) for name in registry.names("signal")}
         out |= {"guard/hacking_alarm": float(self._alarmed()), "guard/target_kl": st.target_kl,
                 "guard/lr_scale": st.lr_scale, "guard/rollbacks": float(st.rollbacks),
                 "guard/in_warmup": float(st.frozen), "guard/stable": float(self.is_stable())}
-        optional = {"guard/kl_coef": st.kl_coef, "guard/grad_clip": st.grad_clip,
-                    "guard/penalty_share": st.penalty_share, "guard/val_best": st.best_val,
-                    "guard/audit_gap": st.audit_gap}
+        optional = {"guard/kl_coef": st.kl_coef, "guard/grad_clip": st.grad_clip, "guard/val_best": st.best_val}
+        optional |= {f"guard/{r.name}": st.rules.get(r.name, {}).get("value") for r in registry.rules() if r.logs}
         out |= {k: float(v) for k, v in optional.items() if v is not None}
         return out
 
     # ------------------------------------------------------------------ the step
     def observe(self, step: int, metrics: Mapping[str, float]) -> list[Action]:
-        """Take step ``step``'s metrics; return the actions to apply before the next step."""
+        """Take step ``step``'s metrics; return the actions to apply before the next step. Every rule measures (in
+        the registry's order: alarms, then signals); a check may pause at once; else the first rollback trigger
+        rolls back; else the warm-up's transition, the alarms' actions, the hacking alarm's, and what goes last."""
         if not self.cfg.enable:
             return []
         st, cfg = self._st, self.cfg
@@ -143,58 +141,58 @@ class KLGuard:
         if obs.kl_coef is not None:
             st.kl_coef = obs.kl_coef
         st.last_step = step
-        for name in _STEP_ALARMS:
-            st.alarms[name] = False
-        rules.measure_ppo_kl(cfg, st, obs)
-        rules.measure_penalty_share(cfg, st, obs)
-        rules.measure_grad_norm(cfg, st, obs)
-        spike_threshold = rules.measure_kl(cfg, st, obs)
-        if not self.kl_controlled:  # no controller chases target_kl: KL above it is no alarm (nor unstable)
-            st.alarms["kl_slow"] = False
-        val_dropped = rules.measure_validation(cfg, st, obs)
-        evidence = measure_hacking(cfg, st, obs)
+        now = Step(cfg, st, obs, step, metrics, self.kl_controlled)
+        self._measure_own(now)
+        for rule in registry.rules("alarm") + registry.rules("signal"):
+            if rule.measure is not None:
+                now.found[rule.name] = rule.measure(now)
+        found = hacking.evidence(now)
         if st.rollbacks and self.is_stable():
             st.calm_since_rollback += 1
 
-        nonfinite = rules.measure_nonfinite(cfg, st, step, metrics)
-        if nonfinite is not None:
-            return [nonfinite]
-        rollback = self._rollback(step, obs, val_dropped, evidence, rules.measure_length_collapse(cfg, st, obs))
+        for rule in registry.rules("check"):
+            pause = rule.stop(now) if rule.stop is not None else None
+            if pause is not None:
+                return [pause]
+        rollback = self._rollback(now, found)
         if rollback:
             return rollback
         actions = self._warmup_transition(step)
-        now, last = rules.act_ppo_kl(cfg, st, step, obs)
-        actions += now
-        actions += rules.act_grad_norm(cfg, st, step, obs)
-        actions += rules.act_penalty_share(cfg, st, step)
-        actions += rules.act_kl(cfg, st, step, obs, spike_threshold, self.kl_controlled)
-        actions += self._act_hacking(step, evidence)
-        return actions + last
+        for rule in registry.rules("alarm"):
+            actions += rule.act(now) if rule.act is not None else []
+        actions += hacking.act(now, found)
+        return actions + now.last
 
-    def _rollback(self, step: int, obs: Observation, val_dropped: bool, evidence: list[Evidence],
-                  collapse: tuple[float, float] | None = None) -> list[Action]:
-        """Rules 4, 5 and 9 (``hacking_action = rollback``) and a length collapse: roll back and tighten, or pause
-        when the rollbacks are used up. At most one rollback per step; the first trigger names it."""
-        st, cfg = self._st, self.cfg
-        triggers: list[tuple[str, str | None, float | None, float | None, str]] = []
-        if st.alarms["kl_hard"] and obs.kl is not None:
-            triggers.append(("kl_hard", obs.kl_name, obs.kl, cfg.kl_hard_limit,
-                             f"{obs.kl_name} {obs.kl:.4g} is above the hard limit {cfg.kl_hard_limit:.4g}"
-                             + (f" for {st.kl_hard_streak} steps" if cfg.kl_hard_patience > 1 else "")))
-        if val_dropped and st.best_val is not None and obs.val is not None:
-            limit = st.best_val * (1 - cfg.val_drop_max)
-            triggers.append(("val_drop", cfg.val_metric, obs.val, limit, f"the validation score {obs.val:.4g} fell "
-                             f"more than {cfg.val_drop_max:.0%} below its best {st.best_val:.4g}"))
-        if cfg.hacking_action == "rollback" and evidence and st.ready("hacking", step, cfg.cooldown):
-            st.fired("hacking", step)
-            first = evidence[0]
-            triggers.append(("hacking", first.metric, first.value, first.threshold, describe(evidence)))
-        if collapse is not None:
-            triggers.append(("length_collapse", LENGTH, *collapse, f"response_length/mean {collapse[0]:.3g} collapsed "
-                             f"below {cfg.length_collapse_ratio:g}x its first steps' mean ({collapse[1]:.3g})"))
-        if not triggers:
+    def _measure_own(self, now: Step) -> None:
+        """What the guard itself keeps of a step: the KL, the validation score beside its best and previous one,
+        the length against its baseline (a rollback target needs all three calm)."""
+        st, cfg, obs = now.st, now.cfg, now.obs
+        if obs.kl is not None:
+            st.last_kl = obs.kl
+        if obs.val is not None:
+            val, prev = obs.val, st.prev_val
+            best = val if st.best_val is None else st.best_val
+            st.val_falling = prev is not None and prev - val > cfg.val_fall_tol * abs(prev)
+            now.validation = Validation(val, best, prev)
+            st.best_val, st.prev_val = max(best, val), val
+        length0, length = now.baseline("length", obs.length), obs.length
+        grow = length0 is not None and length0 > 0 and length is not None
+        if length is not None:
+            st.length_recent = [*st.length_recent, length][-cfg.stable_length_window:]
+        st.length_ratio = sum(st.length_recent) / len(st.length_recent) / length0 if grow else None
+
+    def _rollback(self, now: Step, found: list[Evidence]) -> list[Action]:
+        """The rules that roll back (alarms, the hacking alarm with ``hacking_action = rollback``, checks): roll
+        back and tighten, or pause when the rollbacks are used up. At most one rollback per step; the first
+        trigger names it."""
+        st, cfg, step = self._st, self.cfg, now.step
+        triggers: list[Trigger | None] = [r.trigger(now) for r in registry.rules("alarm") if r.trigger is not None]
+        triggers.append(hacking.trigger(now, found))
+        triggers += [r.trigger(now) for r in registry.rules("check") if r.trigger is not None]
+        first = next((t for t in triggers if t is not None), None)
+        if first is None:
             return []
-        rule, metric, value, threshold, why = triggers[0]
+        rule, metric, value, threshold, why = first.rule, first.metric, first.value, first.threshold, first.why
         if st.rollbacks >= cfg.max_rollbacks:
             return [Action("pause", f"{why}, and all {cfg.max_rollbacks} rollbacks are used: pause the run.",
                            metric, value, threshold, None, None, step, rule)]
@@ -207,26 +205,11 @@ class KLGuard:
         st.rollback_rule = rule
         out = [Action("rollback", f"{why}: roll back to the last stable checkpoint (rollback {st.rollbacks} of "
                       f"{cfg.max_rollbacks}).", metric, value, threshold, st.rollbacks - 1, st.rollbacks, step, rule)]
-        tighten = [rules.lower_target_kl(cfg, st, step, rule, "After a rollback", metric, value, threshold),
-                   rules.raise_kl_coef(cfg, st, step, rule, cfg.rollback_kl_coef_factor, "After a rollback", metric,
-                                       value, threshold),
-                   rules.cut_lr(cfg, st, step, rule, cfg.rollback_lr_factor, "After a rollback", metric, value,
-                                threshold, obs.lr)]
+        after = "After a rollback"
+        tighten = [lower_target_kl(cfg, st, step, rule, after, metric, value, threshold),
+                   raise_kl_coef(cfg, st, step, rule, cfg.rollback_kl_coef_factor, after, metric, value, threshold),
+                   cut_lr(cfg, st, step, rule, cfg.rollback_lr_factor, after, metric, value, threshold, now.obs.lr)]
         return out + [a for a in tighten if a is not None]
-
-    def _act_hacking(self, step: int, evidence: list[Evidence]) -> list[Action]:
-        st, cfg = self._st, self.cfg
-        if not evidence or cfg.hacking_action == "rollback" or not st.ready("hacking", step, cfg.cooldown):
-            return []
-        st.fired("hacking", step)
-        first, why = evidence[0], describe(evidence)
-        out = [Action("warn", why + ".", first.metric, first.value, first.threshold, None,
-                      None, step, "hacking")]
-        if cfg.hacking_action == "raise_kl_coef":
-            action = rules.raise_kl_coef(cfg, st, step, "hacking", cfg.hacking_kl_coef_factor, why, first.metric,
-                                         first.value, first.threshold)
-            out += [action] if action is not None else []
-        return out
 
     def _warmup_transition(self, step: int) -> list[Action]:
         """Freeze kl_coef when the next step is in the warm-up, release it when it is not."""
@@ -255,15 +238,7 @@ class KLGuard:
         again when it is re-anchored). Returns the follow-ups: the re-anchoring of the reference
         (``reanchor_on_rollback``) and the warm-up action the restored position needs (usually none)."""
         st = self._st
-        st.kl_history.clear()
-        st.last_kl = st.penalty_share = st.best_val = st.prev_val = st.prev_proxy = None
-        st.slow_streak = st.ppo_kl_streak = st.proxy_n = st.kl_hard_streak = st.nonfinite_streak = 0
-        st.val_drop_streak = st.divergence_streak = 0
-        st.proxy_sum = 0.0
-        st.val_falling = False
-        st.alarms = dict.fromkeys(ALARMS, False)
-        st.hack = dict.fromkeys(HACK_SIGNALS, False)
-        st.last_fired = {rule: min(last, to_step) for rule, last in st.last_fired.items()}
+        st.after_rollback(to_step)
         now, st.last_step = st.last_step, to_step
         if not self.cfg.enable:
             return []
@@ -275,7 +250,7 @@ class KLGuard:
                               f"{to_step} (was step {st.reference_step}).", None, None, None, st.reference_step,
                               to_step, to_step if now is None else now, "rollback"))
             st.reference_step = to_step
-            restart_reference_baselines(st)
+            st.restart_reference_baselines()
         return out + self._warmup_transition(to_step)
 
     def state_dict(self) -> dict[str, Any]:

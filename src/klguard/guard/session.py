@@ -21,26 +21,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from klguard.guard import registry
 from klguard.guard.actions import Action
 from klguard.guard.guard import KLGuard
 from klguard.guard.host import GuardHost, HostKeys, KLCoefController
+from klguard.guard.tighten import KL_COEF_CAP
 
-PAUSE_HINTS: dict[str, str] = {
-    "kl_hard": "raise {kl_coef} or {guard}kl_hard_limit",
-    "length_collapse": "raise {kl_coef} or lower {lr}, and check the reward for a short-answer exploit",
-    "nonfinite": "lower {lr}, check the reward for NaN and the precision (fp16 loss scaling), or set "
-                 "{guard}nonfinite_patience=0",
-    "val_drop": "raise {kl_coef}, lower {lr} or raise {guard}val_drop_max",
-    "ppo_kl": "lower {lr} or raise {guard}ppo_kl_max",
-    "hacking": "raise {kl_coef} or set {guard}hacking_action=raise_kl_coef",
-    "penalty_share": "lower {lr}, or raise {guard}penalty_share_max if the reward's scale is near 0 (a learned RM's "
-                     "often is)",
-    "kl_slow": "lower {lr} or raise {target_kl}",
-    "kl_coef_cap": "lower {lr} (a beta at the cap only holds the policy at its reference), or raise "
-                   "{guard}kl_coef_max",
+HINTS: dict[str, str] = {
+    registry.HACKING: "raise {kl_coef} or set {guard}hacking_action=raise_kl_coef",
+    KL_COEF_CAP: "lower {lr} (a beta at the cap only holds the policy at its reference), or raise {guard}kl_coef_max",
 }
-"""What a user can change after a pause, by the rule that paused the run, in the host's keys (HostKeys: `{guard}`
-is the prefix of the guard's own)."""
+"""What a user can change after the guard's own pauses (each rule's is its declaration's `hint`), in the host's keys
+(HostKeys: `{guard}` is the prefix of the guard's own)."""
 
 DEFAULT_HINT = "adjust the {guard}* threshold named above"
 
@@ -103,7 +95,9 @@ class GuardSession:
         """What to change before going on after `rule` paused the run, in the host's keys."""
         if self.keys is None:
             return None
-        return PAUSE_HINTS.get(rule, DEFAULT_HINT).format_map(vars(self.keys))
+        declared = registry.rule(rule)
+        hint = declared.hint if declared is not None and declared.hint else HINTS.get(rule, DEFAULT_HINT)
+        return hint.format_map(vars(self.keys))
 
     # ------------------------------------------------------------------ the actions
     def _set_kl_coef(self, action: Action) -> None:

@@ -1,20 +1,26 @@
-"""Everything the guard remembers between steps, as one JSON-serialisable record."""
+"""Everything the guard remembers between steps, as one JSON-serialisable record, and its version.
+
+`STATE_VERSION` is the version of every state klguard's guard writes: the guard's own (`GuardState.to_dict`) and
+the session's (klguard.guard.session, with its host's), wherever a host keeps it. Version 1 states (each rule's
+memory in a field of its own) load into version 2 (a rule's memory under its name in `rules`, a baseline's values
+under its name in `baselines`).
+"""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-STATE_VERSION = 1
+from klguard.guard import registry
 
-ALARMS: tuple[str, ...] = ("ppo_kl", "penalty_share", "grad_norm", "val_drop", "kl_hard", "kl_spike", "kl_slow")
-"""Rule alarms, reported as ``guard/alarm_<name>``."""
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
-HACK_SIGNALS: tuple[str, ...] = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence",
-                                  "kl_growth", "repetition", "rm_spread", "ref_support", "ref_nll", "audit_gap",
-                                  "rm_outlier")
-"""Reward-hacking signals, each reported as ``guard/hack_<name>``; those in ``guard.hacking_signals`` raise the
-hacking alarm."""
+
+def initial_memory() -> dict[str, dict[str, Any]]:
+    """Each declared rule's memory as it starts."""
+    return {r.name: copy.deepcopy(dict(r.memory)) for r in registry.rules()}
 
 
 @dataclass
@@ -33,43 +39,21 @@ class GuardState:
     rollback_rule: str | None = None  # the rule that triggered the last rollback
     frozen: bool = False
     resume_kl_coef: float | None = None
-    # Windows and streaks
-    ppo_kl_streak: int = 0
-    slow_streak: int = 0
-    kl_hard_streak: int = 0  # consecutive steps with the KL above kl_hard_limit
-    nonfinite_streak: int = 0  # consecutive steps with a non-finite guard input
-    kl_history: list[float] = field(default_factory=list)
+    # What a rollback target must show: the KL, validation not falling, the length near its baseline
     last_kl: float | None = None
-    penalty_share: float | None = None
-    # Validation
     best_val: float | None = None
     prev_val: float | None = None
     val_falling: bool = False
-    val_drop_streak: int = 0  # consecutive validations more than val_drop_max below the best
-    divergence_streak: int = 0  # consecutive validations that fell while the proxy score rose
-    # Proxy score (critic/score/mean) averaged between validations
-    proxy_sum: float = 0.0
-    proxy_n: int = 0
-    prev_proxy: float | None = None
-    # Hacking-detector baselines: the values of each metric's first baseline_window steps (at most that many)
-    baseline_start: dict[str, int] = field(default_factory=dict)  # each baseline's first value's step
-    length_base: list[float] = field(default_factory=list)
     length_recent: list[float] = field(default_factory=list)  # the last stable_length_window lengths
-    length_ratio: float | None = None  # their mean over the baseline
-    entropy_base: list[float] = field(default_factory=list)
-    collapse_base: list[float] = field(default_factory=list)  # the first lengths, for length_collapse_ratio
-    kl_seq_base: list[float] = field(default_factory=list)
-    repetition_base: list[float] = field(default_factory=list)
-    rm_spread_base: list[float] = field(default_factory=list)
-    ref_low_base: list[float] = field(default_factory=list)
-    ref_nll_base: list[float] = field(default_factory=list)
-    rm_outlier_base: list[float] = field(default_factory=list)
-    rm_score_base: list[list[float]] = field(default_factory=list)  # [mean, std] of the optimised RM's scores
-    audit_score_base: list[list[float]] = field(default_factory=list)  # [mean, std] of the audit RM's scores
-    audit_gap: float | None = None  # the latest step's gain of the optimised RM not shared by the audit RM
+    length_ratio: float | None = None  # their mean over the length's baseline
+    # Baselines: each metric's values of its first baseline_window steps (at most that many), from its first step
+    baselines: dict[str, list] = field(default_factory=dict)
+    baseline_start: dict[str, int] = field(default_factory=dict)
+    # Each rule's own memory (klguard.guard.registry: its declaration's `memory`)
+    rules: dict[str, dict[str, Any]] = field(default_factory=initial_memory)
     # Flags of the latest step, and the step each rule last fired
-    alarms: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(ALARMS, False))
-    hack: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(HACK_SIGNALS, False))
+    alarms: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(registry.names("alarm"), False))
+    hack: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(registry.names("signal"), False))
     last_fired: dict[str, int] = field(default_factory=dict)
     last_step: int | None = None
 
@@ -78,22 +62,21 @@ class GuardState:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> GuardState:
-        state = dict(state)
+        state = copy.deepcopy(dict(state))  # never aliased with the caller's lists
         version = state.pop("version", STATE_VERSION)
-        if version != STATE_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ValueError(f"guard state version {version!r} is not supported (expected {STATE_VERSION})")
+        if version == 1:
+            state = _from_version_1(state)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(state) - known)
         if unknown:
             raise ValueError(f"unknown guard state keys: {', '.join(unknown)}")
-        out = cls(**state)
-        # Copy the list fields (and the [mean, std] pairs inside them) so the caller's dict is never aliased
-        for f in fields(cls):
-            value = getattr(out, f.name)
-            if isinstance(value, list):
-                setattr(out, f.name, [list(v) if isinstance(v, list) else v for v in value])
-        out.alarms = {**dict.fromkeys(ALARMS, False), **out.alarms}
-        out.hack = {**dict.fromkeys(HACK_SIGNALS, False), **out.hack}
+        out = cls(**{k: v for k, v in state.items() if k != "rules"})
+        for name, memory in state.get("rules", {}).items():  # a rule declared since keeps its initial memory
+            out.rules[name] = {**out.rules.get(name, {}), **memory}
+        out.alarms = {**dict.fromkeys(registry.names("alarm"), False), **out.alarms}
+        out.hack = {**dict.fromkeys(registry.names("signal"), False), **out.hack}
         out.last_fired = {str(k): int(v) for k, v in out.last_fired.items()}
         out.baseline_start = {str(k): int(v) for k, v in out.baseline_start.items()}
         return out
@@ -105,3 +88,52 @@ class GuardState:
 
     def fired(self, rule: str, step: int) -> None:
         self.last_fired[rule] = step
+
+    def after_rollback(self, to_step: int) -> None:
+        """The state of step `to_step` was restored: clear what would fire again at once (the KL, validation and
+        flags, each rule's memory but what it keeps), keep the tightening, the rollback count and the baselines."""
+        self.last_kl = self.best_val = self.prev_val = None
+        self.val_falling = False
+        self.alarms = dict.fromkeys(self.alarms, False)
+        self.hack = dict.fromkeys(self.hack, False)
+        self.last_fired = {rule: min(last, to_step) for rule, last in self.last_fired.items()}
+        for r in registry.rules():
+            memory = self.rules.setdefault(r.name, {})
+            kept = {k: memory[k] for k in r.keep if k in memory}
+            self.rules[r.name] = {**copy.deepcopy(dict(r.memory)), **kept}
+
+    def restart_reference_baselines(self) -> None:
+        """Collect the baselines measured against the reference anew (after it was re-anchored): the KL to the new
+        reference and the samples' NLL under it are not comparable with the old reference's."""
+        for r in registry.rules():
+            for name in r.reference_baselines:
+                self.baselines.pop(name, None)
+                self.baseline_start.pop(name, None)
+
+
+_V1_MEMORY = {"ppo_kl_streak": ("ppo_kl", "streak"), "slow_streak": ("kl_slow", "streak"),
+              "kl_hard_streak": ("kl_hard", "streak"), "nonfinite_streak": ("nonfinite", "streak"),
+              "kl_history": ("kl_spike", "history"), "penalty_share": ("penalty_share", "value"),
+              "val_drop_streak": ("val_drop", "streak"), "divergence_streak": ("proxy_val_divergence", "streak"),
+              "proxy_sum": ("proxy_val_divergence", "proxy_sum"), "proxy_n": ("proxy_val_divergence", "proxy_n"),
+              "prev_proxy": ("proxy_val_divergence", "prev_proxy"), "collapse_base": ("length_collapse", "base"),
+              "audit_gap": ("audit_gap", "value")}
+_V1_BASELINES = ("length", "entropy", "kl_seq", "repetition", "rm_spread", "ref_low", "ref_nll", "rm_outlier",
+                 "rm_score", "audit_score")
+
+
+def _from_version_1(state: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 state (a field per rule's memory and per baseline) in version 2's layout."""
+    memory: dict[str, dict[str, Any]] = {}
+    for old, (rule, key) in _V1_MEMORY.items():
+        if old in state:
+            memory.setdefault(rule, {})[key] = state.pop(old)
+    baselines = {name: state.pop(f"{name}_base") for name in _V1_BASELINES if f"{name}_base" in state}
+    return {**state, "rules": memory, "baselines": baselines}
+
+
+def __getattr__(name: str) -> Any:
+    """``ALARMS`` and ``HACK_SIGNALS``: the declared alarms' and signals' names, in their order."""
+    if name in ("ALARMS", "HACK_SIGNALS"):
+        return registry.names("alarm" if name == "ALARMS" else "signal")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """One mapping per trainer from its logged metric names to klguard's (verl's), which the guard reads.
 
 Shared by every integration and by `klguard report` on another trainer's output folder: a metric
-name appears here once. klguard's own runs and verl log verl's names already and need no map (trainer None).
+name appears here once. klguard's own runs and verl log verl's names already and need no map (trainer None). The
+guard's names are its rules' (klguard.guard.signals, their declarations in klguard/guard/rules/); which rules a
+trainer's map leaves without an input is `rules_without_input`'s answer.
 """
 
 from __future__ import annotations
@@ -9,19 +11,34 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Mapping
+from fnmatch import fnmatchcase
 
 from klguard.errors import UserError
-from klguard.guard.signals import REF_NLL
+from klguard.guard.registry import rules
+from klguard.guard.signals import (
+    ENTROPY,
+    GRAD_NORM,
+    KL_COEF,
+    KL_LOSS_COEF,
+    LENGTH,
+    LR,
+    PG_LOSS,
+    PPO_KL,
+    REF_KL,
+    REF_KL_LOSS,
+    REF_NLL,
+    SCORE,
+)
 
 TRL_METRICS: dict[str, str] = {
-    "kl": "actor/kl_loss",  # TRL's KL is in the loss, a token mean (k3 estimator by default)
-    "beta": "actor/kl_coef",  # logged by KLGuardCallback: the beta this step's loss used
-    "reward": "critic/score/mean",  # the weighted sum of the trained reward functions
+    "kl": REF_KL_LOSS,  # TRL's KL is in the loss, a token mean (k3 estimator by default)
+    "beta": KL_LOSS_COEF,  # logged by KLGuardCallback: the beta this step's loss used
+    "reward": SCORE,  # the weighted sum of the trained reward functions
     "reward_std": "critic/score/std",
-    "grad_norm": "actor/grad_norm",
-    "learning_rate": "actor/lr",
-    "entropy": "actor/entropy",
-    "completions/mean_length": "response_length/mean",
+    "grad_norm": GRAD_NORM,
+    "learning_rate": LR,
+    "entropy": ENTROPY,
+    "completions/mean_length": LENGTH,
     "completions/max_length": "response_length/max",
     "completions/min_length": "response_length/min",
     "completions/clipped_ratio": "response_length/clip_ratio",
@@ -30,13 +47,13 @@ TRL_METRICS: dict[str, str] = {
 """TRL 1.x GRPOTrainer's names. With ``logging_steps`` > 1 a logged value is the mean over the steps since the last
 log."""
 
-TRL_EARLY_METRICS: dict[str, str] = {"completion_length": "response_length/mean"}
+TRL_EARLY_METRICS: dict[str, str] = {"completion_length": LENGTH}
 """TRL GRPOTrainer's names of early 2025 (before `completions/*`) that 1.x renamed."""
 
 VERL_METRICS: dict[str, str] = {
-    "critic/kl": "actor/reward_kl_penalty",  # verl 2024: the in-reward KL, a token mean
-    "critic/kl_coeff": "actor/reward_kl_penalty_coeff",
-    "actor/entropy_loss": "actor/entropy",  # verl up to mid 2025: the entropy's token mean, whatever its coefficient
+    "critic/kl": REF_KL,  # verl 2024: the in-reward KL, a token mean
+    "critic/kl_coeff": KL_COEF,
+    "actor/entropy_loss": ENTROPY,  # verl up to mid 2025: the entropy's token mean, whatever its coefficient
 }
 """verl's older names; its 2025 names are the guard's own. Also renamed by pattern (verl_name): validation scores
 `test_score/<source>` (2024) as `val-core/<source>/acc/mean@1`, `val-core/<source>/reward/<stat>` as
@@ -45,27 +62,27 @@ units of its name, `actor/lr(1e-4)`, as `actor/lr`."""
 
 PLAIN_METRICS: dict[str, str] = {
     **TRL_METRICS, **TRL_EARLY_METRICS,
-    "train_reward": "critic/score/mean", "reward/mean": "critic/score/mean", "rewards/mean": "critic/score/mean",
+    "train_reward": SCORE, "reward/mean": SCORE, "rewards/mean": SCORE,
     "train_reward_std": "critic/score/std", "reward/std": "critic/score/std",
-    "lr": "actor/lr", "optim/lr": "actor/lr",
-    "completion_tokens": "response_length/mean", "response_length": "response_length/mean",
-    "policy/entropy": "actor/entropy",
+    "lr": LR, "optim/lr": LR,
+    "completion_tokens": LENGTH, "response_length": LENGTH,
+    "policy/entropy": ENTROPY,
 }
 """Home-made loops and other trainers (Tinker's cookbook, per-step JSON lines): the plain names TRL uses and their
 usual synonyms. `kl` is read as the KL to the reference in the loss (a token mean), as TRL's."""
 
 OPENRLHF_METRICS: dict[str, str] = {
-    "kl": "actor/reward_kl_penalty",  # the in-reward KL (k1 by default), or the KL loss with --algo.kl.use_loss
-    "reward": "critic/score/mean",
+    "kl": REF_KL,  # the in-reward KL (k1 by default), or the KL loss with --algo.kl.use_loss
+    "reward": SCORE,
     "return": "critic/returns/mean",
-    "response_length": "response_length/mean",
+    "response_length": LENGTH,
     "response_clip_ratio": "response_length/clip_ratio",
-    "entropy_loss": "actor/entropy",  # the mean token entropy (logged when --actor.entropy_coef is set)
-    "actor_grad_norm": "actor/grad_norm",
-    "actor_lr": "actor/lr",
-    "ppo_kl": "actor/ppo_kl",
+    "entropy_loss": ENTROPY,  # the mean token entropy (logged when --actor.entropy_coef is set)
+    "actor_grad_norm": GRAD_NORM,
+    "actor_lr": LR,
+    "ppo_kl": PPO_KL,
     "ppo_clip_ratio": "actor/pg_clipfrac",
-    "policy_loss": "actor/pg_loss",
+    "policy_loss": PG_LOSS,
     "critic_loss": "critic/vf_loss",
     "values": "critic/values/mean",
 }
@@ -132,13 +149,6 @@ def trainer_of_tensorboard_tags(tags: Mapping[str, float]) -> str | None:
     if not names:
         return None
     return "openrlhf" if names & _OPENRLHF_ONLY else "trl"
-
-
-def from_tensorboard(tags: Mapping[str, float], trainer: str | None) -> dict[str, float]:
-    """One step's TensorBoard scalars under klguard's names (finite values only)."""
-    if trainer is None:
-        return to_klguard_names(tags, None)
-    return to_klguard_names(tensorboard_names(tags, trainer), trainer)
 
 
 def tensorboard_names(tags: Mapping[str, float], trainer: str) -> dict[str, float]:
@@ -226,8 +236,18 @@ def guard_names(raw: Mapping[str, float], trainer: str | None,
                 renamed.append((target, number))
     for name, value in kept + renamed:
         out.setdefault(name, value)
-    if trainer in ("trl", "plain") and "critic/score/mean" not in out:
+    if trainer in ("trl", "plain") and SCORE not in out:
         parts = [v for k, v in raw.items() if k.startswith("rewards/") and k.endswith("/mean")]
         if parts:
-            out["critic/score/mean"] = sum(parts)
+            out[SCORE] = sum(parts)
     return out
+
+
+def rules_without_input(names: Collection[str]) -> list[str]:
+    """The guard's rules and signals that none of `names` (a map's guard names, or a log's) gives an input: they
+    cannot fire there (TRL's map has no actor/ppo_kl, OpenRLHF's no KL coefficient)."""
+    return [r.name for r in rules() if any(not any(_matches(names, wanted) for wanted in group) for group in r.reads)]
+
+
+def _matches(names: Collection[str], wanted: str) -> bool:
+    return any(fnmatchcase(n, wanted) for n in names) if "*" in wanted else wanted in names

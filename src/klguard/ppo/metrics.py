@@ -1,6 +1,7 @@
 """Step and validation metrics with verl's names, plus our `hacking/*` family.
 
-Gold-free signals of hacking, logged on every run: `hacking/repeated_ngram_share` (looping text); with a reference
+Gold-free signals of hacking, logged on every run under the names the guard's signals read (klguard.guard.signals,
+each signal's declaration in klguard/guard/rules/): `hacking/repeated_ngram_share` (looping text); with a reference
 policy, `hacking/ref_low_prob_share` and `hacking/ref_nll` (how far the samples are from the reference's support);
 with a reward model, `hacking/rm_score` (and `_std`), with an audit RM `hacking/audit_score` (and `_std`), and with
 an RM ensemble `hacking/rm_ensemble_std` (the members' disagreement). The trainer adds, with a reward model,
@@ -19,6 +20,17 @@ import torch
 from torch import Tensor
 
 from klguard.algo.stats import masked_mean
+from klguard.guard.signals import (
+    AUDIT_SCORE,
+    AUDIT_SCORE_STD,
+    LENGTH_CORR,
+    REF_LOW_PROB,
+    REF_NLL,
+    REPETITION,
+    RM_SCORE,
+    RM_SCORE_STD,
+    RM_SPREAD,
+)
 
 
 def _stats(name: str, x: Tensor, mask: Tensor | None = None) -> dict[str, float]:
@@ -47,13 +59,13 @@ def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, ad
     }
     if values is not None:
         metrics |= _stats("critic/values", values, mask)
-    metrics["hacking/repeated_ngram_share"] = repeated_ngram_share(out.response_ids, out.response_mask)
+    metrics[REPETITION] = repeated_ngram_share(out.response_ids, out.response_mask)
     if reward.spread is not None:
-        metrics["hacking/rm_ensemble_std"] = reward.spread.float().mean().item()
-    for name, scores in (("rm_score", reward.rm_scores), ("audit_score", reward.audit)):
+        metrics[RM_SPREAD] = reward.spread.float().mean().item()
+    for (name, std), scores in (((RM_SCORE, RM_SCORE_STD), reward.rm_scores), ((AUDIT_SCORE, AUDIT_SCORE_STD),
+                                                                               reward.audit)):
         if scores is not None:
-            metrics |= {f"hacking/{name}": scores.float().mean().item(),
-                        f"hacking/{name}_std": scores.float().std(correction=0).item()}
+            metrics |= {name: scores.float().mean().item(), std: scores.float().std(correction=0).item()}
     if reward.gold is not None:
         gold, proxy = reward.gold.float(), reward.scores.float()
         metrics |= {
@@ -61,7 +73,7 @@ def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, ad
             "hacking/proxy_score": proxy.mean().item(),
             "hacking/gap": (proxy - gold).mean().item(),
             "hacking/rate": reward.hacked.float().mean().item(),
-            "hacking/length_reward_corr": _corr(lengths, proxy),
+            LENGTH_CORR: _corr(lengths, proxy),
         }
     return metrics
 
@@ -72,8 +84,7 @@ def support_metrics(ref_logprobs: Tensor, mask: Tensor, prob_floor: float) -> di
     its exp is the samples' perplexity under the frozen base model)."""
     mask = mask.float()
     low = (ref_logprobs.float() < math.log(prob_floor)).float()
-    return {"hacking/ref_low_prob_share": masked_mean(low, mask).item(),
-            "hacking/ref_nll": -masked_mean(ref_logprobs.float(), mask).item()}
+    return {REF_LOW_PROB: masked_mean(low, mask).item(), REF_NLL: -masked_mean(ref_logprobs.float(), mask).item()}
 
 
 REPEAT_N = 3
