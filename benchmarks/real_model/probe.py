@@ -4,7 +4,7 @@ response recorded, then a per-step table.
     python benchmarks/real_model/probe.py --steps 80 --seed 1 --out /tmp/reviews_probe
     python benchmarks/real_model/probe.py --table-only --out /tmp/reviews_probe   # the table of a finished run
 
-The run is `python -m klguard.builtin.reviews` (klguard's own trainer, the reviews task, SmolLM2's GGUF as the
+The run is `klguard train` with the reviews task swapped in (klguard's own trainer, SmolLM2's GGUF as the
 policy) with verl's default KL (klguard.builtin.recipes.VERL_DEFAULT: fixed 0.001, k1 in the reward, guard off) and
 GRPO: groups of `--n` responses to `--prompts` prompts a step, one optimizer step per batch. Besides metrics.jsonl,
 the run directory gets samples.jsonl: every response the reward manager scored (rollouts and validation), with its

@@ -351,21 +351,3 @@ def reviews_overrides() -> list[str]:
     return ["data.train_files=null", "data.val_files=null", "proxy_reward.enable=true",
             f"custom_reward_function.path={Path(__file__).resolve()}", "custom_reward_function.name=compute_score",
             f"actor_rollout_ref.model.path={smollm2_path()}"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m klguard.builtin.reviews [overrides...]`: `klguard train` on the reviews task."""
-    import sys
-    from unittest import mock
-
-    from klguard.commands import cli
-    from klguard.commands import train as train_command
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # klguard train takes its task from klguard.commands.train.TASK (the arithmetic task); swap in this one
-    with mock.patch.object(train_command, "TASK", TASK):
-        return cli.main(["train", *reviews_overrides(), *argv])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
