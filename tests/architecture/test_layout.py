@@ -35,7 +35,7 @@ def test_the_engine_never_reaches_the_builtin_task():
 
 
 # What the engine offers the clients above it: the trainer, the rollout (sampling), what it asks of the built-in task.
-# Everything else in ppo/ (checkpointing, guard_hooks, update, setup, ...) is the trainer's own.
+# Everything else in ppo/ (checkpointing, guard_host, update, setup, ...) is the trainer's own.
 PUBLIC_ENGINE = {"klguard.ppo", "klguard.ppo.trainer", "klguard.ppo.rollout", "klguard.ppo.task"}
 
 

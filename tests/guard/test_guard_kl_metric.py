@@ -38,3 +38,22 @@ def test_the_trainer_hands_the_guard_the_controllers_per_token_kl():
     assert guard_kl_metric(steered) == KL_BATCH_TOKEN_MEAN
     assert guard_kl_metric(load_config().config) == REF_KL
     assert guard_kl_metric(load_config(None, ["algorithm.kl_ctrl.kl_unit=seq_sum"]).config) == REF_KL  # not per token
+
+
+def test_kl_setup_reads_klguards_config_and_verls_alike():
+    """klguard's trainer steers the KL loss's coefficient with the KL a loss only; verl's controller steers the
+    in-reward one alone, and its guard then raises the KL loss's for the next launch."""
+    from klguard.config import load_config
+    from klguard.config.roles import kl_coef_key, kl_setup
+
+    loss_only = load_config(None, ["algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
+                                   "actor_rollout_ref.actor.kl_loss_coef=0.2", "algorithm.kl_ctrl.type=adaptive",
+                                   "algorithm.kl_ctrl.target_kl=0.03"]).config
+    ours = kl_setup(loss_only)
+    assert (ours.kl_coef, ours.target_kl, ours.controlled, ours.metric) == (0.2, 0.03, True, REF_KL)
+    verls = kl_setup(loss_only, loss_steered=False)
+    assert (verls.kl_coef, verls.controlled) == (0.2, False)
+    neither = load_config(None, ["algorithm.use_kl_in_reward=false",
+                                 "actor_rollout_ref.actor.use_kl_loss=false"]).config
+    assert kl_coef_key(neither) == "algorithm.kl_ctrl.kl_coef"
+    assert kl_coef_key(neither, loss_steered=False) == "actor_rollout_ref.actor.kl_loss_coef"

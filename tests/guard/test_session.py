@@ -182,7 +182,8 @@ def test_with_neither_a_checkpoint_nor_the_reference_it_pauses():
     rollback = host.events[0]
     reason = (f"{rollback['reason']} No stable checkpoint is on disk and the reference cannot be restored: paused "
               "instead (set save_steps).")
-    assert host.calls == [("restore_reference", 0), ("pause", reason), ("set_target_kl", pytest.approx(0.01)),
+    assert host.calls == [("restore_reference", 0), ("pause", reason), ("say", f"klguard: paused at step 5: {reason}"),
+                          ("set_target_kl", pytest.approx(0.01)),
                           ("set_kl_coef", pytest.approx(0.2), False)]  # no re-anchoring: nothing was restored
     assert s.pause_reason == reason
 
@@ -195,7 +196,8 @@ def test_a_pause_carries_the_hosts_hint():
     assert event["kind"] == "pause" and event["to_go_on"] == "raise GRPOConfig beta or guard.kl_hard_limit"
     expected = (f"{event['reason']} To go on: raise GRPOConfig beta or guard.kl_hard_limit, then "
                 "resume_from_checkpoint.")
-    assert host.calls == [("pause", expected)] and s.pause_reason == expected
+    assert host.calls == [("pause", expected), ("say", f"klguard: paused at step 5: {expected}")]
+    assert s.pause_reason == expected
 
 
 def test_hints_spell_the_hosts_keys_and_fall_back_to_the_guards():
@@ -213,7 +215,9 @@ def test_without_keys_a_pause_is_the_guards_reason_alone():
     host = FakeHost()
     s = session(host, max_rollbacks=0)
     s.observe(5, dict(QUIET, **HARD))
-    assert "to_go_on" not in host.events[-1] and host.calls == [("pause", host.events[-1]["reason"])]
+    reason = host.events[-1]["reason"]
+    assert "to_go_on" not in host.events[-1]
+    assert host.calls == [("pause", reason), ("say", f"klguard: paused at step 5: {reason}")]
 
 
 def _history(s: GuardSession) -> None:
@@ -251,3 +255,109 @@ def test_state_dict_round_trip_takes_the_same_later_decisions():
 def test_the_session_runs_without_torch():
     code = "import sys, klguard.guard.session; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# ------------------------------------------------------------------ what the session owns for every host
+
+def test_a_checkpoint_is_pending_whenever_the_host_writes_it():
+    """After the step's metrics (klguard's trainer, TRL) it is pending at once; during the step, before them (verl),
+    once they are observed, unless that step rolled back; either way the next step judges it."""
+    after = session()
+    after.observe(2, QUIET)
+    assert after.checkpoint(2)["pending"] == 2 and after.pending == 2
+    after.observe(3, QUIET)
+    assert after.stable == [2]
+    during = session()
+    during.observe(1, QUIET)
+    assert during.checkpoint(2)["pending"] is None  # written before step 2's metrics: not yet pending
+    during.observe(2, QUIET)
+    assert during.pending == 2
+    during.observe(3, QUIET)
+    assert during.stable == [2]
+    rolled = session(FakeHost(checkpoints={2}))
+    rolled.stable = [2]
+    rolled.observe(3, QUIET)
+    rolled.checkpoint(4)
+    rolled.observe(4, dict(QUIET, **HARD))  # checkpoint 4 holds the weights that blew up
+    assert rolled.pending is None and rolled.stable == [2]
+
+
+def test_a_checkpoint_not_written_is_not_judged():
+    s = session()
+    s.observe(2, QUIET)
+    s.checkpoint(2)
+    s.drop_checkpoint(2)
+    s.observe(3, QUIET)
+    assert s.stable == [] and s.pending is None
+
+
+def test_the_state_is_versioned_and_carries_the_hosts_keys(tmp_path):
+    from klguard.guard.state import STATE_VERSION
+
+    s = session()
+    s.observe(2, QUIET)
+    state = s.checkpoint(2, relaunch={"lr": 0.1})
+    assert (state["version"], state["guard"]["version"], state["relaunch"]) == (STATE_VERSION, STATE_VERSION,
+                                                                                  {"lr": 0.1})
+    GuardSession.save_state(tmp_path / "state.json", state)
+    assert not list(tmp_path.glob(".*"))  # written whole: no temporary file left
+    read = GuardSession.read_state(tmp_path / "state.json")
+    assert read == state and GuardSession.read_state(tmp_path / "none.json") is None
+    resumed = session()
+    assert resumed.load_state_dict(read) == {"relaunch": {"lr": 0.1}}
+    assert resumed.state_dict() == s.state_dict() and resumed.pending == 2
+    with pytest.raises(ValueError, match="version 99 is not supported"):
+        resumed.load_state_dict({**read, "version": 99})
+    (tmp_path / "future.json").write_text(json.dumps({**read, "version": 99}))
+    with pytest.raises(ValueError, match=r"future\.json: klguard state version 99 is not supported"):
+        GuardSession.read_state(tmp_path / "future.json")
+    with pytest.raises(ValueError, match=r"host state keys \['guard'\] are the session's"):
+        s.state_dict(guard=1)
+
+
+def test_a_state_of_klguards_trainer_without_a_version_loads():
+    """Before version 2 klguard's trainer wrote the session's state with no version of its own."""
+    s = session()
+    for step, metrics in steps({}, 3):
+        s.observe(step, metrics)
+    old = {k: v for k, v in s.state_dict().items() if k != "version"}
+    resumed = session()
+    resumed.load_state_dict(old)
+    assert resumed.state_dict() == s.state_dict()
+
+
+def test_the_warmup_holds_a_hosts_own_controller():
+    """A host with its own controller (klguard's trainer) steps it through the session, which skips it while the
+    warm-up holds the coefficient; held_kl_coef is what a host whose controller cannot hold (verl) sets again."""
+    ctrl = build_kl_controller("adaptive", kl_coef=0.1, target_kl=0.01, horizon=100)
+    s = session(total_steps=20, warmup_ratio=0.1, warmup_kl_coef=0.05)
+    s.observe(0, {})
+    assert s.held_kl_coef == 0.05
+    s.update_kl(0.02, 10, ctrl)
+    assert ctrl.value == 0.1  # held: no update
+    s.observe(1, dict(QUIET, **{"actor/reward_kl_penalty_coeff": 0.05}))
+    s.observe(2, dict(QUIET, **{"actor/reward_kl_penalty_coeff": 0.05}))
+    assert s.held_kl_coef is None
+    s.update_kl(0.02, 10, ctrl)
+    assert ctrl.value == pytest.approx(0.102)
+
+
+def test_build_makes_the_guard_from_the_config_and_the_hosts_kl():
+    from klguard.guard import GuardConfig, KLSetup
+
+    host = FakeHost()
+    s = GuardSession.build(GuardConfig(kl_hard_limit=0.3), host, total_steps=10, keys=TRL_KEYS,
+                           kl=KLSetup(target_kl=0.02, kl_coef=0.4, controlled=False, metric="actor/kl_loss"))
+    guard = s.guard
+    assert (guard.cfg.kl_hard_limit, guard.total_steps, guard.target_kl, guard.kl_coef) == (0.3, 10, 0.02, 0.4)
+    assert (guard.kl_controlled, guard.kl_metric, s.host, s.keys) == (False, "actor/kl_loss", host, TRL_KEYS)
+    assert GuardSession.build(GuardConfig(), host, total_steps=1).guard.target_kl == 0.015  # one node's default
+
+
+def test_a_pause_of_the_hosts_own_is_said_at_its_step():
+    host = FakeHost()
+    s = session(host)
+    s.observe(4, QUIET)
+    s.pause("4 steps in a row had non-finite values.", 4)
+    assert host.calls == [("pause", "4 steps in a row had non-finite values."),
+                          ("say", "klguard: paused at step 4: 4 steps in a row had non-finite values.")]

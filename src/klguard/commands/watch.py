@@ -28,7 +28,7 @@ from typing import Any
 from klguard.commands.watch_rules import blind_to, inputs_line, off_line, rules_lines
 from klguard.config.restricted import load_restricted, with_host_defaults
 from klguard.errors import UserError
-from klguard.guard import Action, AdvisoryHost, GuardSession, KLGuard
+from klguard.guard import Action, AdvisoryHost, GuardSession, KLSetup
 from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 from klguard.integrations.logs import MappedLog, detect_format, open_log
 from klguard.integrations.logs.detect import NoMetricsYet
@@ -99,7 +99,7 @@ class Watch:
         self.path, self.options, self.say = Path(path).expanduser(), options, say
         self.reader: MappedLog | None = None
         self.session: GuardSession | None = None
-        self.host = _WatchHost()
+        self.host = WatchHost()
         self.last_step: int | None = None
         self.steps = 0  # steps judged (watching stops at a rollback or pause)
         self.read = 0  # steps read from the log
@@ -112,10 +112,9 @@ class Watch:
             raise UserError(f"{self.path} does not exist")
         self.reader = self._open()
         config = load_settings(self.overrides, external=self.reader.format != "klguard")
-        kc = config.algorithm.kl_ctrl
-        guard = KLGuard(config.guard, total_steps=config.trainer.total_training_steps or 0,
-                        target_kl=kc.target_kl, kl_controlled=kc.type != "fixed")
-        self.session = GuardSession(guard, self.host)
+        kc = config.algorithm.kl_ctrl  # the coefficient is the log's (none: the guard raises none)
+        self.session = GuardSession.build(config.guard, self.host, total_steps=config.trainer.total_training_steps or 0,
+                                          kl=KLSetup(target_kl=kc.target_kl, controlled=kc.type != "fixed"))
         events = self.host.events = self.options.events or events_path(self.reader)
         events.parent.mkdir(parents=True, exist_ok=True)
         events.write_text("")  # each watch judges the whole log again
@@ -255,7 +254,7 @@ class Watch:
         return EXIT_BLIND
 
 
-class _WatchHost(AdvisoryHost):
+class WatchHost(AdvisoryHost):
     """Acts on nothing; writes each decision, marked advisory, to `events`."""
 
     events: Path

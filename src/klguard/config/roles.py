@@ -1,5 +1,5 @@
 """The models a run builds (actor, reference, critic), how each is split over the ranks, and which KL coefficient
-the controller steers.
+the controller steers (and so what the guard knows of the run's KL control: `kl_setup`).
 
 Tensor parallelism (`strategy: fsdp_turbo`) runs on one (dp, tp) grid whose tp size is the actor's. The
 reference and the critic are split over the same tp ranks (their default follows the actor's), or kept whole on
@@ -11,9 +11,11 @@ from __future__ import annotations
 from klguard.config.schema import Config
 from klguard.config.schema_policy import ACTOR_TP_KEY
 from klguard.fields import fail
+from klguard.guard import KLSetup
 from klguard.guard.signals import KL_UNIT_METRICS, REF_KL
 
 ROLES = ("actor", "ref", "critic")
+KL_CTRL_COEF, KL_LOSS_COEF = "algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.kl_loss_coef"
 _TP_SUFFIX = ".turbo_config.distributed.tensor_parallel_size"
 SHARDING_KEYS = {"actor": "actor_rollout_ref.actor.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config",
                  "critic": "critic.model.fsdp_config"}
@@ -40,21 +42,43 @@ def steers_kl_loss(cfg: Config) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward
 
 
-def kl_controlled(cfg: Config) -> bool:
-    """Some coefficient is steered, and by a controller that pursues target_kl (not a fixed one)."""
-    return cfg.algorithm.kl_ctrl.type != "fixed" and (cfg.algorithm.use_kl_in_reward or steers_kl_loss(cfg))
+def kl_controlled(cfg: Config, *, loss_steered: bool = True) -> bool:
+    """Some coefficient is steered, and by a controller that pursues target_kl (not a fixed one). `loss_steered`: the
+    controller steers the KL loss's coefficient when the KL is a loss only (klguard's trainer; verl's does not)."""
+    steered = cfg.algorithm.use_kl_in_reward or (loss_steered and steers_kl_loss(cfg))
+    return cfg.algorithm.kl_ctrl.type != "fixed" and bool(steered)
 
 
 def guard_kl_metric(cfg: Config) -> str:
     """The per-token KL the guard's KL rules read: the controller's, when it steers on the batch's token mean;
-    else verl's mean over sequences of each one's token mean (a ``seq_sum`` target is not per token)."""
-    unit = cfg.algorithm.kl_ctrl.kl_unit
+    else verl's mean over sequences of each one's token mean (a ``seq_sum`` target is not per token; verl's config has
+    no ``kl_unit``)."""
+    unit = getattr(cfg.algorithm.kl_ctrl, "kl_unit", None)
     return KL_UNIT_METRICS[unit] if unit == "batch_token_mean" else REF_KL
 
 
-def initial_kl_coef(cfg: Config) -> float:
+def kl_coef_key(cfg: Config, *, loss_steered: bool = True) -> str:
+    """The coefficient the controller and the guard's raises drive: the in-reward one with the KL in the reward, the KL
+    loss's with the KL a loss only; with neither, klguard's kl_ctrl.kl_coef (verl's guard: the KL loss's, which it
+    saves for the next launch)."""
+    if cfg.algorithm.use_kl_in_reward or (loss_steered and not steers_kl_loss(cfg)):
+        return KL_CTRL_COEF
+    return KL_LOSS_COEF
+
+
+def initial_kl_coef(cfg: Config, *, loss_steered: bool = True) -> float:
     """The steered coefficient's starting value: actor.kl_loss_coef when the KL is a loss only, else kl_ctrl's."""
-    return cfg.actor_rollout_ref.actor.kl_loss_coef if steers_kl_loss(cfg) else cfg.algorithm.kl_ctrl.kl_coef
+    node = cfg
+    for part in kl_coef_key(cfg, loss_steered=loss_steered).split("."):
+        node = getattr(node, part)
+    return float(node)
+
+
+def kl_setup(cfg: Config, *, loss_steered: bool = True) -> KLSetup:
+    """What the guard must know of the run's KL control, from klguard's config or verl's (the same key tree)."""
+    return KLSetup(target_kl=float(cfg.algorithm.kl_ctrl.target_kl),
+                   kl_coef=initial_kl_coef(cfg, loss_steered=loss_steered),
+                   controlled=kl_controlled(cfg, loss_steered=loss_steered), metric=guard_kl_metric(cfg))
 
 
 def sharding(cfg: Config, role: str):

@@ -14,7 +14,7 @@ from any trainer. Its rules and signals are declared one a file (klguard.guard.r
 from klguard.guard.actions import ACTION_KINDS, Action
 from klguard.guard.config import HACKING_ACTIONS, GuardConfig, default_target_kl
 from klguard.guard.guard import KLGuard
-from klguard.guard.host import AdvisoryHost, GuardHost, HostKeys
+from klguard.guard.host import AdvisoryHost, GuardHost, HostKeys, KLSetup
 from klguard.guard.registry import GuardRule, Key, register
 from klguard.guard.session import GuardSession
 from klguard.guard.signals import input_metrics
@@ -23,4 +23,4 @@ INPUT_METRICS: tuple[str, ...] = input_metrics()
 """Every metric the guard reads (its rules' and its own)."""
 
 __all__ = ["ACTION_KINDS", "HACKING_ACTIONS", "INPUT_METRICS", "Action", "AdvisoryHost", "GuardConfig", "GuardHost",
-           "GuardRule", "GuardSession", "HostKeys", "KLGuard", "Key", "default_target_kl", "register"]
+           "GuardRule", "GuardSession", "HostKeys", "KLGuard", "KLSetup", "Key", "default_target_kl", "register"]

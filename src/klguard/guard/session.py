@@ -2,29 +2,42 @@
 
 A trainer (klguard's own, TRL's GRPOTrainer, verl's, or `klguard watch` reading a log) feeds the session each
 step's metrics; the session asks its KLGuard for the step's actions, writes each to `events.jsonl` and has the
-host (klguard.guard.host.GuardHost) carry it out, in the guard's order. It also keeps what hosting the guard
-remembers between steps, and checkpoints it in one `state_dict()`:
+host (klguard.guard.host.GuardHost, which says what a host provides) carry it out, in the guard's order. It owns
+what every host would otherwise write again:
 
-- the stable checkpoints: a checkpoint the host writes after step N is pending until step N+1's metrics, measured
-  on its weights, find them calm (no alarm, no rollback at that step); then it is stable. A rollback restores the
-  newest stable checkpoint that still exists, else the reference's weights, else it pauses;
+- building the guard from the run's `guard.*` config and the host's KL facts (`GuardSession.build`, `KLSetup`);
+- the stable checkpoints: a checkpoint of step N is pending until the first step after N's own metrics, measured on
+  its weights, finds them calm (no alarm, no rollback at that step); then it is stable. A host calls `checkpoint(N)`
+  when it writes one, whenever that is (klguard's trainer and TRL after step N's metrics, verl during the step,
+  before them). A rollback restores the newest stable checkpoint that still exists, else the reference's weights,
+  else it pauses;
+- the state a checkpoint holds (`checkpoint`, `state_dict`), versioned (klguard.guard.state.STATE_VERSION) and
+  read back by `resume`, with the host's own keys beside it; `save_state` and `read_state` write and read it as a
+  file of its own, atomically;
+- the warm-up's hold of the KL coefficient: no controller update while it holds (`update_kl`), and the coefficient
+  to set again before each step where the host's controller cannot hold (`held_kl_coef`);
 - the KL controller, for a host that has none of its own (TRL);
 - the pause reason, with a hint in the host's own spelling of the settings to change.
 
-The guard's state holds the warm-up's freeze of the KL coefficient, the lr scale, the gradient clip it set (or
-last saw in the metrics) and the step whose policy the reference is; hosts read them from the session's KLGuard
-(`session.guard.lr_scale`, ...), none keeps its own copy.
+The guard's state holds the lr scale, the gradient clip it set (or last saw in the metrics) and the step whose
+policy the reference is; hosts read them from the session's KLGuard (`session.guard.lr_scale`, ...), none keeps its
+own copy.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+from klguard.files import atomic_write_text
 from klguard.guard import registry
 from klguard.guard.actions import Action
+from klguard.guard.config import GuardConfig
 from klguard.guard.guard import KLGuard
-from klguard.guard.host import GuardHost, HostKeys, KLCoefController
+from klguard.guard.host import GuardHost, HostKeys, KLCoefController, KLSetup
+from klguard.guard.state import READABLE_VERSIONS, STATE_VERSION
 from klguard.guard.tighten import KL_COEF_CAP
 
 HINTS: dict[str, str] = {
@@ -35,6 +48,8 @@ HINTS: dict[str, str] = {
 (HostKeys: `{guard}` is the prefix of the guard's own)."""
 
 DEFAULT_HINT = "adjust the {guard}* threshold named above"
+SESSION_KEYS = ("version", "guard", "stable", "pending")
+"""The keys of a session's state (and `kl_ctrl` where it owns the KL controller); the others belong to its host."""
 
 
 class GuardSession:
@@ -51,12 +66,24 @@ class GuardSession:
         self.pending: int | None = None
         self.pause_reason: str | None = None
         self.last_rollback_step: int | None = None
+        self.observed: int | None = None  # the last step whose metrics the session took
+        self.saving: int | None = None  # a checkpoint written during a step whose metrics have not come yet
         self._handlers: dict[str, Callable[[Action], None]] = {
             "warn": lambda action: None, "cut_lr": self._cut_lr, "raise_kl_coef": self._set_kl_coef,
             "freeze_kl_coef": self._set_kl_coef, "release_kl_coef": self._set_kl_coef,
             "lower_target_kl": self._lower_target_kl, "set_grad_clip": self._set_grad_clip,
             "rollback": self._rollback, "reanchor_reference": self._reanchor_reference, "pause": self._pause,
         }
+
+    @classmethod
+    def build(cls, cfg: GuardConfig, host: GuardHost, *, total_steps: int, kl: KLSetup | None = None,
+              keys: HostKeys | None = None, controller: KLCoefController | None = None) -> GuardSession:
+        """The session of one run: its guard built from `cfg` (the run's `guard.*` keys, over the host's defaults)
+        and `kl` (what the host knows of its KL control), acting through `host`."""
+        kl = kl or KLSetup()
+        guard = KLGuard(cfg, total_steps=total_steps, target_kl=kl.target_kl, kl_coef=kl.kl_coef,
+                        kl_controlled=kl.controlled, kl_metric=kl.metric)
+        return cls(guard, host, keys, controller)
 
     # ------------------------------------------------------------------ the step
     def guard_metrics(self) -> dict[str, float]:
@@ -73,12 +100,24 @@ class GuardSession:
         if self.pending is not None and calm:
             self.stable.append(self.pending)
         self.pending = None
+        if self.saving == step and self.last_rollback_step != step:  # saved during this step: the next judges it
+            self.pending = step
+        self.saving = None if self.saving is not None and self.saving <= step else self.saving
+        self.observed = step
         return actions
 
-    def update_kl(self, kl: float, n_steps: int) -> None:
-        """The session's own controller takes the step's KL (not while the warm-up holds the coefficient)."""
-        if self.controller is not None and not self.guard.kl_frozen:
-            self.controller.update(kl, n_steps=n_steps)
+    def update_kl(self, kl: float, n_steps: int, controller: KLCoefController | None = None) -> None:
+        """The KL controller (the host's `controller`, else the session's own) takes the step's KL, unless the
+        warm-up holds the coefficient."""
+        controller = controller or self.controller
+        if controller is not None and not self.guard.kl_frozen:
+            controller.update(kl, n_steps=n_steps)
+
+    @property
+    def held_kl_coef(self) -> float | None:
+        """The coefficient the warm-up holds (None: it holds none): a host whose controller cannot hold it (verl's
+        moves during the step) sets it again before each step."""
+        return self.guard.kl_coef if self.guard.kl_frozen else None
 
     def apply(self, action: Action) -> None:
         """Write `action` to events.jsonl and have the host carry it out."""
@@ -86,10 +125,11 @@ class GuardSession:
             self.host.write_event(action.to_dict())
         self._handlers[action.kind](action)
 
-    def pause(self, reason: str) -> None:
-        """Stop the run after this step (the guard's pause, or the host's own reason)."""
+    def pause(self, reason: str, step: int | None = None) -> None:
+        """Stop the run after step `step` (the guard's pause, or the host's own reason), and say so."""
         self.pause_reason = reason
         self.host.pause(reason)
+        self.host.say(f"klguard: paused at step {self.observed if step is None else step}: {reason}")
 
     def hint(self, rule: str) -> str | None:
         """What to change before going on after `rule` paused the run, in the host's keys."""
@@ -136,7 +176,7 @@ class GuardSession:
         if restored is None:
             save = f" (set {self.keys.save_freq})" if self.keys is not None else ""
             self.pause(f"{action.reason} No stable checkpoint is on disk and the reference cannot be restored: "
-                       f"paused instead{save}.")
+                       f"paused instead{save}.", action.step)
             return
         for follow_up in self.guard.on_rollback(restored):
             self.apply(follow_up)
@@ -144,22 +184,70 @@ class GuardSession:
     def _pause(self, action: Action) -> None:
         hint = self.hint(action.rule)
         self.host.write_event(action.to_dict() | ({"to_go_on": hint} if hint else {}))
-        self.pause(action.reason if hint is None else f"{action.reason} To go on: {hint}, then {self.keys.resume}.")
+        self.pause(action.reason if hint is None else f"{action.reason} To go on: {hint}, then {self.keys.resume}.",
+                   action.step)
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint holds of the guard's side (JSON-serialisable): the guard, the stable checkpoints, the
-        pending one and, when the session owns it, the KL controller."""
-        out: dict[str, Any] = {"guard": self.guard.state_dict(), "stable": list(self.stable), "pending": self.pending}
+    def checkpoint(self, step: int, **host_state: Any) -> dict[str, Any]:
+        """The host writes a checkpoint of step `step` (the weights that step left): it becomes pending, judged by
+        the first step observed after `step`'s own metrics (at once when they were observed, else once they are).
+        Returns the state to write beside it, with the host's own keys."""
+        if self.observed is not None and step <= self.observed:
+            self.pending = step
+        else:
+            self.saving = step
+        return self.state_dict(**host_state)
+
+    def drop_checkpoint(self, step: int) -> None:
+        """The checkpoint of `step` was not written after all: nothing to judge."""
+        if self.pending == step:
+            self.pending = None
+        if self.saving == step:
+            self.saving = None
+
+    def state_dict(self, **host_state: Any) -> dict[str, Any]:
+        """What a checkpoint holds of the guard's side (JSON-serialisable): the version, the guard, the stable
+        checkpoints, the pending one and, when the session owns it, the KL controller; then the host's own keys."""
+        clash = sorted(set(host_state) & set(self._keys()))
+        if clash:
+            raise ValueError(f"host state keys {clash} are the session's")
+        out: dict[str, Any] = {"version": STATE_VERSION, "guard": self.guard.state_dict(), "stable": list(self.stable),
+                               "pending": self.pending}
         if self.controller is not None:
             out["kl_ctrl"] = self.controller.state_dict()
-        return out
+        return out | host_state
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from `state_dict()` (other keys, a host's own, are left to the host); raises KeyError, ValueError
-        or TypeError on a state of another kind."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Resume from `state_dict()`; returns the host's own keys. Raises ValueError on a version this klguard cannot
+        read, KeyError, ValueError or TypeError on a state of another kind."""
+        version = state.get("version", STATE_VERSION)  # klguard's trainer wrote none before version 2
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"klguard state version {version!r} is not supported (this klguard reads "
+                             f"{', '.join(map(str, READABLE_VERSIONS))}): resume with the klguard that wrote it")
         self.guard.load_state_dict(state["guard"])
         self.stable = [int(step) for step in state["stable"]]
         self.pending = None if state["pending"] is None else int(state["pending"])
         if self.controller is not None:
             self.controller.load_state_dict(state["kl_ctrl"])
+        return {k: v for k, v in state.items() if k not in self._keys()}
+
+    def _keys(self) -> tuple[str, ...]:
+        return SESSION_KEYS + (("kl_ctrl",) if self.controller is not None else ())
+
+    @staticmethod
+    def save_state(path: Path, state: Mapping[str, Any]) -> None:
+        """Write `state` (from `checkpoint` or `state_dict`) to `path` as JSON, whole or not at all."""
+        atomic_write_text(Path(path), json.dumps(state, sort_keys=True))
+
+    @staticmethod
+    def read_state(path: Path) -> dict[str, Any] | None:
+        """A state `save_state` wrote (None where there is no file); ValueError on a version this klguard cannot
+        read."""
+        path = Path(path)
+        if not path.is_file():
+            return None
+        state = json.loads(path.read_text())
+        if state.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"{path}: klguard state version {state.get('version')!r} is not supported (this klguard "
+                             f"reads {', '.join(map(str, READABLE_VERSIONS))}): resume with the klguard that wrote it")
+        return state

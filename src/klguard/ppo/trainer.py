@@ -33,7 +33,7 @@ from klguard.distributed.fsdp import local_numel
 from klguard.guard.signals import KL_BATCH_TOKEN_MEAN, KL_UNIT_METRICS
 from klguard.model.loading import load_tokenizer, precision_scope
 from klguard.ppo.checkpointing import Checkpoints
-from klguard.ppo.guard_hooks import GuardHooks
+from klguard.ppo.guard_host import PPOHost
 from klguard.ppo.metrics import rollout_metrics, support_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
 from klguard.ppo.sampled import PromptBatch, Sampled, greedy_baselines, sample, sum_pi_squared
@@ -105,8 +105,8 @@ class PPOTrainer:
         self.state = build_train_state(config, self.dist, self.policy_path, resume_from, sampler, self.total_steps,
                                        rm_features=self.rewards.model is not None)
         self.generation_weights = generation_weights(config, self.state.actor, self.policy_path, self.device)
-        self.guard = GuardHooks(config, self.state, self.checkpoints, total_steps=self.total_steps,
-                                run_dir=self.run_dir, writes=self.dist.is_main, log=self.log)
+        self.guard = PPOHost(config, self.state, self.checkpoints, total_steps=self.total_steps,
+                             run_dir=self.run_dir, writes=self.dist.is_main, log=self.log)
         self.profiler = build_profiler(config, self.dist.rank, self.device, self.log)
         rollout = config.actor_rollout_ref.rollout
         self.sampling = SamplingParams.of(rollout, self.tokenizer, max_new_tokens=config.data.max_response_length,
@@ -239,10 +239,8 @@ class PPOTrainer:
         """The KL controller steps on the batch KL (in `algorithm.kl_ctrl.kl_unit`) when it steers a coefficient (the
         reward's, or the KL loss's) and the guard's warm-up does not hold it."""
         alg = self.cfg.algorithm
-        steered = alg.use_kl_in_reward or steers_kl_loss(self.cfg)
-        if steered and not self.guard.kl_guard.kl_frozen:
-            kl = kl_metrics[KL_UNIT_METRICS[alg.kl_ctrl.kl_unit]]
-            self.state.kl_ctrl.update(kl, n_steps=rows)
+        if alg.use_kl_in_reward or steers_kl_loss(self.cfg):
+            self.guard.update_kl(kl_metrics[KL_UNIT_METRICS[alg.kl_ctrl.kl_unit]], n_steps=rows)
 
     def _values(self, layout: RowLayout, out: RolloutBatch, mask: Tensor) -> tuple[Tensor, Tensor | None]:
         """The critic's values, and its forward with autograd when that is also its update's (vpreds)."""
@@ -285,7 +283,7 @@ class PPOTrainer:
             grad_clip=clip, share_prompt=cfg.actor_rollout_ref.model.share_prompt_forward,
             kl_loss_coef=kl_coef if steers_kl_loss(cfg) else None)
         state.actor_sched.step()
-        state.apply_lr_scale(self.guard.kl_guard.lr_scale)
+        state.apply_lr_scale(self.guard.lr_scale)
         return metrics | {"actor/grad_clip": clip}, nonfinite
 
     def validate(self) -> dict[str, float]:
@@ -299,9 +297,7 @@ class PPOTrainer:
         `rank_checks.jsonl`."""
         same = {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
         state = self.state
-        guard = self.guard.kl_guard
-        same |= {"kl_coef": state.kl_ctrl.value, "kl_frozen": float(guard.kl_frozen), "lr_scale": guard.lr_scale,
-                 "paused": float(self.guard.pause_reason is not None), "reference_step": float(guard.reference_step)}
+        same |= {"kl_coef": state.kl_ctrl.value, **self.guard.same_on_every_rank()}
         ranks = assert_same_across_ranks(same, f"step {step}")
         params = gather_objects(local_numel(state.actor))
         coords = gather_objects((self.dist.dp_rank, self.dist.tp_rank))  # each rank's place on the (dp, tp) mesh
@@ -348,10 +344,10 @@ class PPOTrainer:
             if tr.debug:
                 self.check_ranks(step, metrics)
             if 0 < tr.max_nonfinite_steps <= nonfinite_run and self.guard.pause_reason is None:
-                self.guard.session.pause(
+                self.guard.stop(
                     f"{nonfinite_run} steps in a row had non-finite values (see events.jsonl). To go on: check the "
                     "reward function or lower actor_rollout_ref.actor.optim.lr, then rerun (trainer.resume_mode=auto "
-                    "resumes).")
+                    "resumes).", step)
             tracker.log(metrics, step=step)
             stopping = preemption is not None and any_rank(preemption.requested)  # a signal to one rank stops all
             if (tr.save_freq > 0 and step % tr.save_freq == 0) or is_last or self.guard.pause_reason or stopping:
@@ -362,9 +358,7 @@ class PPOTrainer:
             if stopping:
                 break
         self.profiler.close()  # a continuous window the run did not finish
-        if self.guard.pause_reason:
-            self.log(f"klguard: paused at step {state.step}: {self.guard.pause_reason}")
-        return last
+        return last  # a pause was said as the guard decided it
 
 
 def _quiet(message: str) -> None:

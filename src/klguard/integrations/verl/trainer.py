@@ -6,7 +6,7 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from klguard.integrations.verl.session import VerlGuard, apply_relaunch_settings, say_prerequisites
+from klguard.integrations.verl.host import VerlHost, apply_relaunch_settings, say_prerequisites
 
 MODE = "klguard"
 
@@ -22,11 +22,11 @@ class KLGuardTrainer(PPOTrainerSync):
         apply_relaunch_settings(config)
         say_prerequisites(config)  # what the guard cannot do with these settings, one line each
         super().__init__(config)
-        self.klguard: VerlGuard | None = None
+        self.klguard: VerlHost | None = None
 
-    def _guard(self) -> VerlGuard:
+    def _guard(self) -> VerlHost:
         if self.klguard is None:  # total_training_steps is known once verl built its dataloader
-            self.klguard = VerlGuard(self.config, int(getattr(self, "total_training_steps", 0) or 0))
+            self.klguard = VerlHost(self.config, int(getattr(self, "total_training_steps", 0) or 0))
         return self.klguard
 
     def _load_checkpoint(self):

@@ -1,6 +1,6 @@
-"""The guard of one verl run: its settings from the launch line, its session (klguard.guard.session: what it decides
-after each step, the stable checkpoints), what each decision does to verl's trainer, and its state beside each of
-verl's checkpoints.
+"""verl's trainer as the host of the guard's session (klguard.guard.session decides, keeps the stable checkpoints and
+the versioned state): the guard's settings from the launch line, what each decision does to verl's trainer, how
+verl's keys are spelt, and the session's state beside each of verl's checkpoints.
 
 What acts live and what waits for a relaunch (verl 0.9.1 has no worker call for the lr, the KL-loss
 coefficient or the gradient clip; a relaunch resumes with them, see `relaunch_settings`):
@@ -24,15 +24,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from klguard.config.restricted import load_restricted, with_host_defaults
+from klguard.config.roles import kl_coef_key, kl_setup
 from klguard.config.schema import Config
-from klguard.guard import GuardSession, HostKeys, KLGuard
+from klguard.guard import GuardSession, HostKeys
 from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 from klguard.integrations.verl.prerequisites import missing_prerequisites
 from klguard.runtime.events import append_event
 
 STATE_FILE = "klguard_state.json"
-STATE_VERSION = 1
 KEY_PREFIXES = ("guard.",)
+LR_KEY = "actor_rollout_ref.actor.optim.lr"
 
 
 def guard_settings(verl_config: DictConfig) -> Config:
@@ -53,45 +54,38 @@ def _flatten(tree: Mapping, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
-class VerlGuard:
+class VerlHost:
     """The guard session of one verl trainer (`trainer`: verl's PPOTrainer, given with each call), and its host
     (klguard.guard.GuardHost): what each action does to verl, live or at the next launch."""
 
     def __init__(self, verl_config: DictConfig, total_steps: int) -> None:
         settings = guard_settings(verl_config)
-        algo = verl_config.algorithm
-        self.in_reward = bool(algo.use_kl_in_reward)
-        coef_key = "algorithm.kl_ctrl.kl_coef" if self.in_reward else "actor_rollout_ref.actor.kl_loss_coef"
-        guard = KLGuard(settings.guard, total_steps=total_steps, target_kl=float(algo.kl_ctrl.target_kl),
-                        kl_coef=float(OmegaConf.select(verl_config, coef_key)),
-                        kl_controlled=self.in_reward and algo.kl_ctrl.type != "fixed")
-        keys = HostKeys(kl_coef=coef_key, lr="actor_rollout_ref.actor.optim.lr", save_freq="trainer.save_freq",
+        self.in_reward = bool(verl_config.algorithm.use_kl_in_reward)  # else the KL loss's coefficient is steered
+        keys = HostKeys(kl_coef=kl_coef_key(verl_config, loss_steered=False), lr=LR_KEY, save_freq="trainer.save_freq",
                         resume="relaunch with the same launch line", guard="+klguard.guard.")
-        self.session = GuardSession(guard, self, keys)
+        self.session = GuardSession.build(settings.guard, self, total_steps=total_steps,
+                                          kl=kl_setup(verl_config, loss_steered=False), keys=keys)
         self.run_dir = Path(verl_config.trainer.default_local_dir)
         self.events = self.run_dir / "events.jsonl"
         self.trainer = None
         self.saved_at: int | None = None  # the step whose checkpoint exists (pause saves none twice)
-        self.held: float | None = None  # the warm-up's frozen in-reward coefficient (verl's controller cannot hold)
         self.relaunch: dict[str, float] = {}  # verl keys the next launch should carry
 
     # ------------------------------------------------------------------ the step
     def after_step(self, trainer, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Decide on step `step`'s metrics (verl's names, as logged) and act; the guard/* metrics to log."""
         self.trainer = trainer
-        if self.held is not None and self.in_reward:
-            trainer.kl_ctrl_in_reward.value = self.held
+        held = self.session.held_kl_coef  # verl's controller moved during the step: the warm-up's hold again
+        if held is not None and self.in_reward:
+            trainer.kl_ctrl_in_reward.value = held
         numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.session.observe(step, numbers)
-        if self.saved_at == step and self.session.last_rollback_step != step:
-            self.session.pending = step  # verl saves during the step, before its metrics: the next step judges it
         if self.saved_at == step:
             self._write_state(trainer)  # again, now with this step's decisions: a resume continues from here
         return self.session.guard_metrics()
 
     # ------------------------------------------------------------------ the host (klguard.guard.GuardHost)
     def set_kl_coef(self, value: float | None, *, frozen: bool) -> None:
-        self.held = value if frozen else None
         if value is None:
             return
         if self.in_reward:
@@ -105,7 +99,7 @@ class VerlGuard:
 
     def set_lr_scale(self, scale: float, ratio: float) -> None:
         lr = float(self.trainer.config.actor_rollout_ref.actor.optim.lr)
-        self._for_relaunch("actor_rollout_ref.actor.optim.lr", lr * scale)
+        self._for_relaunch(LR_KEY, lr * scale)
 
     def set_grad_clip(self, clip: float) -> None:
         self._for_relaunch("actor_rollout_ref.actor.optim.clip_grad", clip)
@@ -133,7 +127,6 @@ class VerlGuard:
         if self.saved_at != trainer.global_steps:
             trainer._save_checkpoint()
         trainer.total_training_steps = trainer.global_steps  # fit() ends after this step
-        self.say(f"klguard: paused at step {trainer.global_steps}: {reason}")
 
     def write_event(self, record: dict[str, Any]) -> None:
         append_event(self.events, record, who="klguard guard (verl)")
@@ -148,43 +141,32 @@ class VerlGuard:
 
     # ------------------------------------------------------------------ checkpoints
     def on_save(self, trainer) -> None:
-        """Called after verl saved global_step_N (during step N): the guard's state goes beside it, and is
-        written again once step N's metrics are decided on."""
+        """Called after verl saved global_step_N (during step N, before its metrics): the guard's state goes beside
+        it, and is written again once step N's metrics are decided on."""
         self.saved_at = trainer.global_steps
+        self.session.checkpoint(trainer.global_steps)
         self._write_state(trainer)
 
     def _write_state(self, trainer) -> None:
-        folder = self.run_dir / f"global_step_{trainer.global_steps}"
         ctrl = getattr(trainer, "kl_ctrl_in_reward", None)
-        state = {"version": STATE_VERSION, **self.session.state_dict(), "held": self.held, "relaunch": self.relaunch,
-                 "kl_ctrl": None if ctrl is None else {"value": ctrl.value, "target": getattr(ctrl, "target", None)}}
-        tmp = folder / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, sort_keys=True))
-        tmp.replace(folder / STATE_FILE)
+        own = {"relaunch": self.relaunch,
+               "kl_ctrl": None if ctrl is None else {"value": ctrl.value, "target": getattr(ctrl, "target", None)}}
+        folder = self.run_dir / f"global_step_{trainer.global_steps}"
+        GuardSession.save_state(folder / STATE_FILE, self.session.state_dict(**own))
 
     def on_resume(self, trainer) -> None:
-        """After verl restored global_step_N: the guard session, the warm-up's hold, the settings for the next
-        launch and verl's KL controller (which verl does not save) as they were."""
-        state = self.read_state(self.run_dir / f"global_step_{trainer.global_steps}")
+        """After verl restored global_step_N: the guard session, the settings for the next launch and verl's KL
+        controller (which verl does not save) as they were."""
+        state = GuardSession.read_state(self.run_dir / f"global_step_{trainer.global_steps}" / STATE_FILE)
         if state is None:
             return
-        self.session.load_state_dict(state)
-        self.held, self.relaunch = state["held"], dict(state["relaunch"])
-        ctrl = state["kl_ctrl"]
+        own = self.session.load_state_dict(state)
+        self.relaunch = dict(own["relaunch"])
+        ctrl = own["kl_ctrl"]
         if ctrl is not None and getattr(trainer, "kl_ctrl_in_reward", None) is not None:
             trainer.kl_ctrl_in_reward.value = ctrl["value"]
             if ctrl["target"] is not None and hasattr(trainer.kl_ctrl_in_reward, "target"):
                 trainer.kl_ctrl_in_reward.target = ctrl["target"]
-
-    @staticmethod
-    def read_state(folder: Path) -> dict[str, Any] | None:
-        file = folder / STATE_FILE
-        if not file.is_file():
-            return None
-        state = json.loads(file.read_text())
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"{file}: klguard state version {state.get('version')!r} is not {STATE_VERSION}")
-        return state
 
 
 def apply_relaunch_settings(verl_config: DictConfig) -> list[str]:
@@ -200,7 +182,7 @@ def apply_relaunch_settings(verl_config: DictConfig) -> list[str]:
         folder = run_dir / f"global_step_{latest.read_text().strip()}"
     else:
         return []
-    state = VerlGuard.read_state(folder)
+    state = GuardSession.read_state(folder / STATE_FILE)
     done = []
     with open_dict(verl_config):
         for key, value in ((state or {}).get("relaunch") or {}).items():
