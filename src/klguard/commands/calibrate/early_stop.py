@@ -38,11 +38,6 @@ class StopRule:
     max_hacking_rate: float  # a run over this is no yardstick for the behind rule
 
 
-def hacking_at(run: RunRecord, step: int) -> float | None:
-    """The run's sampled hacking rate over the 10 steps up to `step` (None without gold labels)."""
-    return window_mean(*run.series(HACKING_METRIC), step)
-
-
 def _rungs(run: RunRecord, metric: str) -> dict[int, tuple[float, float | None]]:
     """The run's score and sampled hacking rate at each of its validation steps."""
     hacking_steps, hacking = run.series(HACKING_METRIC)
