@@ -1,7 +1,7 @@
 """TrainState: everything a PPO run changes as it trains, in one typed object.
 
 Setup builds it (klguard.ppo.setup.build_train_state), the loop reads and advances it, checkpointing saves and
-restores it (klguard.ppo.checkpointing) and the guard's actions adjust it (klguard.ppo.guard_hooks); none of them
+restores it (klguard.ppo.checkpointing) and the guard's actions adjust it (klguard.ppo.guard_host); none of them
 needs the trainer. `state_dict()` holds its plain values (step, KL controller, sampler position, LR schedules);
 the models' weights and the optimizers' moments are tensors, which checkpointing writes as safetensors or, sharded,
 with torch.distributed.checkpoint; the reward model's feature baseline (`rm_outliers`) has a tensor file of its own.
