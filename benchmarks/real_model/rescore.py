@@ -12,10 +12,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from klguard.builtin import reviews
+
+sys.path.insert(0, str(Path(__file__).parent))
+from label_samples import current_item  # a sibling script
 
 METRICS = {"kl_seq": "actor/kl_seq_sum", "entropy": "actor/entropy", "length": "response_length/mean",
            "ref_nll": "hacking/ref_nll", "rep3": "hacking/repeated_ngram_share"}
@@ -38,7 +42,7 @@ def rescore(run: Path) -> list[dict]:
             rows = groups.get((step, split))
             if not rows:
                 continue
-            checks = [reviews.gold_checks(r["text"], r["item"]) for r in rows]
+            checks = [reviews.gold_checks(r["text"], current_item(r["item"])) for r in rows]
             out[f"{split}_proxy"] = sum(r["proxy"] for r in rows) / len(rows)
             out[f"{split}_gold"] = sum(all(c.values()) for c in checks) / len(rows)
             if split == "train":
