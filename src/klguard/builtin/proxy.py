@@ -129,6 +129,9 @@ class BuiltinReward:
     def of(cls, cfg: ProxyRewardConfig) -> BuiltinReward:
         return cls(cfg.format_weight, cfg.correct_weight, cfg.length_weight, cfg.length_cap)
 
+    def gold_rules(self) -> dict:
+        return {}  # klguard/arith is in the default table (GSM8K's strict rule)
+
     def proxy(self, text: str, n_tokens: int, ground_truth: str) -> float:
         return proxy_score(text, n_tokens, ground_truth, **asdict(self))
 

@@ -29,3 +29,13 @@ SCRATCH_RM: tuple[str, ...] = (
     "proxy_reward.learned_rm.epochs=5", "proxy_reward.learned_rm.lr_schedule=constant",
     "proxy_reward.learned_rm.contrast=0",
 )
+
+REVIEWS: tuple[str, ...] = (
+    # the reviews task (klguard.builtin.reviews) on SmolLM2-135M-Instruct, sized for 2 CPU cores: GRPO groups of 4
+    # over 8 prompts (32 rollouts, one optimizer step a batch), 48 new tokens, validation sampled as the rollouts
+    "data.builtin_task=reviews", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
+    "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.max_response_length=48",
+    "data.max_prompt_length=64", "actor_rollout_ref.actor.optim.lr=1e-5",
+    "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    "actor_rollout_ref.rollout.val_kwargs.n=2",
+)

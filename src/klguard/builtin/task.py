@@ -1,4 +1,6 @@
-"""The built-in task as the engine asks for it (klguard.ppo.task.BuiltinTask); the commands pass `TASK` in."""
+"""The built-in tasks as the engine asks for them (klguard.ppo.task.BuiltinTask); the commands pass
+`task_for(config)` in: `data.builtin_task` chooses arith (`TASK`, the toy) or reviews (klguard.builtin.reviews, a
+real pretrained model)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from klguard.builtin.learned_rm import ensure_learned_rm
 from klguard.builtin.proxy import BuiltinReward
 from klguard.builtin.warm_start import ensure_builtin_tokenizer, ensure_sft_policy
 from klguard.config.schema import Config
+from klguard.ppo.task import BuiltinTask
 
 
 class ArithTask:
@@ -35,3 +38,12 @@ class ArithTask:
 
 
 TASK = ArithTask()
+
+
+def task_for(cfg: Config) -> BuiltinTask:
+    """The built-in task `data.builtin_task` names (reviews imported only when chosen: it needs the `real` extra)."""
+    if cfg.data.builtin_task == "reviews":
+        from klguard.builtin.reviews import TASK as REVIEWS
+
+        return REVIEWS
+    return TASK

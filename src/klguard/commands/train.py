@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from klguard.builtin.task import TASK
+from klguard.builtin.task import task_for
 from klguard.config import Config, config_to_dict
 from klguard.distributed import barrier, shutdown
 from klguard.ppo.trainer import PPOTrainer
@@ -63,7 +63,7 @@ def _train(config: Config) -> dict[str, float]:
         else:
             print(msg, file=sys.stderr, flush=True)
 
-    trainer = PPOTrainer(config, task=TASK, log=log)
+    trainer = PPOTrainer(config, task=task_for(config), log=log)
     main = trainer.dist.is_main
     if trainer.state.step > 0 and main:  # resumed: a killed run's lines after the checkpoint are redone
         truncate_logs(trainer.run_dir, trainer.state.step)

@@ -62,6 +62,7 @@ Device = Literal["cpu", "cuda", "auto"]
 ProfilerTool = Literal["torch"]
 CalibrateController = Literal["adaptive", "pid"]  # the controllers a target_kl steers, of KLCtrlType
 BuiltinForm = Literal["a+b-c", "mixed", "two"]  # the built-in task's problem families (klguard.builtin.arith.FORMS)
+BuiltinTaskName = Literal["arith", "reviews"]  # the built-in tasks (klguard.builtin.task.task_for)
 _SIZE = at_least(1)
 _EVERY = Rule(lambda v: v == -1 or v >= 1, "must be >= 1 or -1")
 
@@ -69,7 +70,7 @@ _EVERY = Rule(lambda v: v == -1 or v >= 1, "must be >= 1 or -1")
 # ----------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
-    train_files: Any = opt(None, "Parquet file(s) in verl's row format; null = generate the built-in arithmetic task")
+    train_files: Any = opt(None, "Parquet file(s) in verl's row format; null = generate the built-in task's (builtin_task)")
     val_files: Any = opt(None, "Validation parquet file(s); null = the built-in task's held-out split")
     train_max_samples: int = opt(-1, "Use at most this many training rows (-1 = all)")
     val_max_samples: int = opt(-1, "Use at most this many validation rows (-1 = all)")
@@ -86,6 +87,9 @@ class DataConfig:
     truncation: Truncation = opt("error", "Overlong prompts: " + choices(
         Truncation, left="keep the end", right="keep the start", middle="keep both ends"))
     apply_chat_template_kwargs: dict = opt({}, "Extra keyword arguments for tokenizer.apply_chat_template")
+    builtin_task: BuiltinTaskName = opt("arith", "Built-in task: " + choices(
+        BuiltinTaskName, arith="the toy's arithmetic on the built-in policy",
+        reviews="one-sentence reviews scored by VADER, SmolLM2-135M-Instruct as the policy") + " (ours)")
     builtin_train_size: int = opt(4096, "Rows of the built-in task's training split (ours)", rule=_SIZE)
     builtin_val_size: int = opt(256, "Rows of the built-in task's validation split (ours)", rule=_SIZE)
     builtin_form: BuiltinForm = opt(

@@ -17,7 +17,7 @@ also when no response of the batch is correct, which is where a collapsed run en
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,7 +26,7 @@ import torch
 
 from klguard.config.schema import Config
 from klguard.errors import UserError
-from klguard.reward.registry import compute_gold_score, has_gold_rule
+from klguard.reward.registry import DEFAULT_RULES, RuleReward, ScoreFn
 
 AUDIT_KEY = "reward_model.audit_model.path"
 
@@ -61,6 +61,10 @@ class TaskReward(Protocol):
 
     def hacked(self, gold: torch.Tensor, scores: torch.Tensor, yardstick: torch.Tensor) -> torch.Tensor:
         """Flags (bool) of the responses that hack: gold says wrong, the score reaches the yardstick."""
+        ...
+
+    def gold_rules(self) -> Mapping[str, ScoreFn]:
+        """Gold rules of the task's own data sources, beside the default table's (klguard.reward.registry)."""
         ...
 
 
@@ -125,6 +129,7 @@ class RewardManager:
             raise ValueError("the proxy reward and the learned RM score with the built-in task's TaskReward: "
                              "pass task_reward")
         self.task = task_reward
+        self.rules = RuleReward({**DEFAULT_RULES, **(task_reward.gold_rules() if task_reward is not None else {})})
         self.tokenizer = tokenizer
         crf = config.custom_reward_function
         self.custom = load_custom_reward(crf.path, crf.name) if crf.path else None
@@ -152,7 +157,7 @@ class RewardManager:
                     self._extra.append({k: float(v) for k, v in result.items() if isinstance(v, (int, float, bool))})
                 value = result["score"] if isinstance(result, dict) else result
             else:
-                value = compute_gold_score(data_source, text, ground_truth)
+                value = self.rules(data_source, text, ground_truth)
             value = float(value)
         except Exception as exc:
             raise UserError(f"reward function failed on sample {i} (data_source={data_source}): "
@@ -179,7 +184,7 @@ class RewardManager:
         rm = self.model(prompts, texts, features=features)
         audit = self.audit(prompts, texts) if self.audit is not None else None
         scores = rm.scores - self.rm_cfg.length_penalty * lengths
-        has_rule = self.custom is not None or all(has_gold_rule(ds) for ds in data_sources)
+        has_rule = self.custom is not None or all(ds in self.rules for ds in data_sources)
         if not has_rule and self.rm_cfg.rule_weight == 0:
             return RewardOutput(scores, None, None, rm.spread, rm.scores, audit, rm.features)
         gold = torch.tensor(self._rules(texts, data_sources, ground_truths, extra_infos))

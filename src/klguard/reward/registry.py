@@ -61,7 +61,3 @@ def compute_gold_score(data_source: str, response_text: str, ground_truth: str) 
     """The gold score of one response under the default rule table."""
     return _DEFAULT(data_source, response_text, ground_truth)
 
-
-def has_gold_rule(data_source: str) -> bool:
-    """Whether the default rule table can score `data_source`."""
-    return data_source in _DEFAULT
