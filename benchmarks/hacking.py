@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klguard.builtin.recipes import GUARDED_DEFAULT, SEED_RECIPE, VERL_DEFAULT, fixed_coef
-from klguard.builtin.warm_start import prepare_builtin_policy
+from klguard.builtin.task import prepare_task
 from klguard.commands.demo import fresh_run_dir
 from klguard.commands.report import load_run
 from klguard.commands.report.summary import summary_value
@@ -177,7 +177,7 @@ def _prepare(cells: list[Cell], overrides: list[str]) -> None:
 
     for cell in cells:
         config = load_config(None, [*overrides, *cell.overrides]).config
-        prepare_builtin_policy(config, log)
+        prepare_task(config, log)
         resolve_learned_rm(config, TASK, resolve_model_path(config, TASK, log=log), log=log)
 
 

@@ -169,3 +169,17 @@ def test_data_builtin_task_chooses_the_task_and_the_recipe_loads() -> None:
     assert (cfg.data.train_files, cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n) == (None, "grpo", 4)
     with pytest.raises(ConfigError, match=r"data\.builtin_task"):
         load_config(None, ["data.builtin_task=poems"])
+
+
+def test_demo_task_reviews_puts_the_recipe_before_the_users_keys(capsys) -> None:
+    import yaml
+
+    from klguard.commands.cli import main
+
+    assert main(["demo", "--task", "reviews", "--print-config", "trainer.total_training_steps=7"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["data"]["builtin_task"] == "reviews"
+    assert cfg["algorithm"]["adv_estimator"] == "grpo"
+    assert cfg["trainer"]["total_training_steps"] == 7  # the user's key, after the recipe, wins
+    assert main(["demo", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["data"]["builtin_task"] == "arith"

@@ -37,5 +37,6 @@ REVIEWS: tuple[str, ...] = (
     "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.max_response_length=48",
     "data.max_prompt_length=64", "actor_rollout_ref.actor.optim.lr=1e-5",
     "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-    "actor_rollout_ref.rollout.val_kwargs.n=2",
+    "actor_rollout_ref.rollout.val_kwargs.n=2", "trainer.total_training_steps=40", "trainer.test_freq=5",
 )
+TASK_RECIPES: dict[str, tuple[str, ...]] = {"arith": (), "reviews": REVIEWS}  # `klguard demo --task NAME`

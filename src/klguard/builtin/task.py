@@ -47,3 +47,12 @@ def task_for(cfg: Config) -> BuiltinTask:
 
         return REVIEWS
     return TASK
+
+
+def prepare_task(cfg: Config, log: Callable[[str], None]) -> None:
+    """Build (or find cached) the built-in task's tokenizer and policy once, before child runs would race to: the
+    arithmetic task's SFT policy, or SmolLM2's GGUF de-quantised for the reviews task."""
+    if cfg.actor_rollout_ref.model.path.startswith("builtin://"):
+        task = task_for(cfg)
+        task.tokenizer_path(cfg)
+        task.policy_path(cfg, log=log)

