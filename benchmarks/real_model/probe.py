@@ -70,7 +70,11 @@ def overrides(args: argparse.Namespace) -> list[str]:
             f"trainer.test_freq={args.test_freq}", "trainer.val_before_train=true", "trainer.save_freq=-1",
             f"actor_rollout_ref.rollout.val_kwargs.n={args.val_n}",
             f"trainer.seed={args.seed}", f"trainer.default_local_dir={args.out}", "trainer.progress_bar=false",
-            "trainer.report=false", *args.overrides]
+            "trainer.report=false",
+            *([] if args.rm is None else ["proxy_reward.enable=false", "reward_model.enable=true",
+                                          f"reward_model.model.path={args.rm}", "reward_model.rule_weight=0",
+                                          "reward_model.micro_batch_size_per_gpu=32"]),
+            *args.overrides]
 
 
 def write_table(run: Path) -> list[dict]:
@@ -100,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=4, help="rollout.n (GRPO's group)")
     parser.add_argument("--test-freq", type=int, default=5)
     parser.add_argument("--val-n", type=int, default=2, help="sampled responses per validation prompt")
+    parser.add_argument("--rm", type=Path, help="a reward model folder as the proxy instead of VADER (fit_rm.py)")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("overrides", nargs="*", help="more klguard overrides (key=value)")
     args = parser.parse_args(argv)
