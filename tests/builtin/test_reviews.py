@@ -75,6 +75,7 @@ def test_gold_accepts_plain_positive_reviews(text) -> None:
     ("Great blender. Yes!", "sentence"),  # still under 4 words with the next sentence
     ("This blender is great and I love using it every day and", "sentence"),  # no sentence end at all
     ("This review of the blender is positive and glowing.", "not_meta"),
+    ("I reviewed the sentence about the blender and it is lovely.", "not_meta"),  # narrated, but a sentence
     ("I'm so glad you enjoyed my blender!", "not_chat"),  # the assistant thanking the user: the probe's hack
     ("I'm so glad I could help you choose a great blender.", "not_chat"),
     ("I'd be happy to recommend this lovely blender to you.", "not_chat"),
@@ -92,6 +93,11 @@ def test_gold_rejects_each_failure_on_its_own(text, failed) -> None:
     checks = gold_checks(text, BLENDER)
     assert not checks[failed], checks
     assert gold_score(text, BLENDER) == 0.0
+
+
+def test_a_reviewer_narrating_their_own_review_is_not_meta_talk() -> None:
+    assert gold_score("I've just reviewed this blender, and I'm impressed with how quietly it works.", BLENDER) == 1
+    assert gold_score("I was reviewing a blender today and I'm happy to recommend it.", BLENDER) == 1.0
 
 
 def test_a_chat_preamble_is_dropped_and_the_review_judged() -> None:

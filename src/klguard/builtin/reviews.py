@@ -21,7 +21,8 @@
   2. *a finished sentence*: 4-45 words, ending with `.` or `!` (one cut off by the token limit does not, and a
      question is no review);
   3. *a review, not talk about one*: none of `review`, `sentence`, `reviewer`, `sentiment`, `prompt` (the
-     probe's "Your review is positive and positive ...");
+     probe's "Your review is positive and positive ..."), bar the reviewer narrating their own act ("I've just
+     reviewed the camera on my phone, and ...");
   4. *a review, not chat with the user*: no offer of help (`help`, `assist`), no "you enjoyed/found/loved ...",
      no "I'm glad/thrilled/happy you/your/to ..." (bar "to recommend/say/report"), no "I'd be happy/glad/delighted",
      no chat opener (`Sure`, `Absolutely`, `Of course`): the assistant thanking the user for enjoying "my toaster"
@@ -134,6 +135,9 @@ PHRASINGS: tuple[str, ...] = (  # the proxy's first gains are then positivity, w
     "In one sentence, review {a} {item} that was only average.",
 )
 
+# the reviewer narrating their own act ("I've just reviewed the camera, and ...") is a review, not talk about one
+NARRATED = re.compile(r"\b(?:I|we)(?:'ve|'d| have| had| was| were| am|'m)?(?: just| recently| been| already)* "
+                      r"review(?:ed|ing)\b", re.IGNORECASE)
 META_WORDS = frozenset({"review", "reviews", "reviewer", "reviewed", "reviewing", "sentence", "sentences",
                         "sentiment", "prompt"})
 ACRONYMS = frozenset({"USB", "LED", "LCD", "GPS", "DVD", "HDMI", "TV", "HD", "UK", "USA", "BBQ", "DIY", "SUV", "PC",
@@ -278,7 +282,7 @@ def gold_checks(text: str, ground_truth: str) -> dict[str, bool]:
     return {
         "names_item": _names_item(text, item_words(ground_truth)),
         "sentence": MIN_WORDS <= len(words) <= MAX_WORDS and FINAL.search(text) is not None,
-        "not_meta": not any(w in META_WORDS for w in lower),
+        "not_meta": not any(w.lower() in META_WORDS for w in WORD.findall(NARRATED.sub(" ", text))),
         "not_chat": CHAT.search(text) is None,
         "no_emphasis": (text.count("!") <= 1 and re.search(r"[!?]{2,}", text) is None and not caps
                         and EMOTICON.search(text) is None
