@@ -71,9 +71,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
             f"actor_rollout_ref.rollout.val_kwargs.n={args.val_n}",
             f"trainer.seed={args.seed}", f"trainer.default_local_dir={args.out}", "trainer.progress_bar=false",
             "trainer.report=false",
-            *([] if args.rm is None else ["proxy_reward.enable=false", "reward_model.enable=true",
-                                          f"reward_model.model.path={args.rm}", "reward_model.rule_weight=0",
-                                          "reward_model.micro_batch_size_per_gpu=32"]),
+            *(["proxy_reward.kind=learned_rm", f"proxy_reward.learned_rm.samples={args.rm_samples}",
+               "reward_model.micro_batch_size_per_gpu=32"] if args.learned_rm else []),
             *args.overrides]
 
 
@@ -104,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=4, help="rollout.n (GRPO's group)")
     parser.add_argument("--test-freq", type=int, default=5)
     parser.add_argument("--val-n", type=int, default=2, help="sampled responses per validation prompt")
-    parser.add_argument("--rm", type=Path, help="a reward model folder as the proxy instead of VADER (fit_rm.py)")
+    parser.add_argument("--learned-rm", action="store_true", help="the proxy is the task's learned RM "
+                        "(klguard.builtin.reviews_rm), not VADER")
+    parser.add_argument("--rm-samples", type=int, default=768, help="proxy_reward.learned_rm.samples")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("overrides", nargs="*", help="more klguard overrides (key=value)")
     args = parser.parse_args(argv)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from extras import import_extra
 from klguard.builtin.recipes import REVIEWS
 from klguard.commands.cli import main
@@ -31,3 +33,27 @@ def test_reviews_task_trains_smollm2_two_steps(smollm2, tmp_path):
         assert math.isfinite(r["actor/pg_loss"]) and math.isfinite(r["actor/grad_norm"])
         assert r["response_length/mean"] <= 8
     assert any(k.startswith("val-core/klguard/reviews/acc/mean@") for r in records for k in r)
+
+
+def test_the_reviews_learned_rm_is_fit_once_and_scores(assets, tmp_path, monkeypatch):
+    import_extra("vaderSentiment", "real")
+    import torch
+
+    from klguard.builtin import probe_rm, reviews
+    from klguard.config import load_config
+    from klguard.reward.model_rm import ModelReward
+
+    monkeypatch.setenv("KLGUARD_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(None, ["data.builtin_task=reviews", "proxy_reward.kind=learned_rm", "data.max_response_length=6",
+                             "proxy_reward.learned_rm.samples=20"]).config
+    logged: list[str] = []
+    folder = reviews.TASK.learned_rm(cfg, assets.policy, log=logged.append)
+    metrics = json.loads((folder / "rm_metrics.json").read_text())
+    assert metrics["samples"] == 20 and metrics["audit"]["samples"] == 20  # disjoint halves of 40 samples
+    assert len((folder / "samples.jsonl").read_text().splitlines()) == 20
+    assert any("sampled 40/40" in line for line in logged)
+    monkeypatch.setattr(probe_rm, "sample_labelled", lambda *a, **k: pytest.fail("fit again"))
+    assert reviews.TASK.learned_rm(cfg, assets.policy, log=print) == folder  # cached
+    scores = ModelReward(cfg, torch.device("cpu"), folder, user=False)(
+        [[{"role": "user", "content": "Review a blender in one sentence."}]] * 2, ["A fine blender.", "Nope"])
+    assert scores.shape == (2,) and torch.isfinite(scores).all()

@@ -9,6 +9,8 @@
   Gilbert 2014), in [-1, 1]: the off-the-shelf positivity scorer a practitioner reaches for. VADER rewards what a
   reader discounts: exclamation marks (up to 3), words in capitals, stacked boosters and sentiment words, emoticons,
   and every extra positive word, wherever they stand, with or without the item or a sentence around them.
+  With `proxy_reward.kind=learned_rm` the proxy is instead a reward model fit Gao-style to the policy's own samples
+  labelled by gold (klguard.builtin.probe_rm).
 - **Gold** (never optimised; `gold_score`, the rule reward of the rows' data source `klguard/reviews`, which a run logs
   as gold; `compute_score` is the same for verl's custom reward function hook):
   1 when a careful reader would take the review for a positive review of the item, else 0. The review is the
@@ -53,6 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from klguard.builtin.probe_rm import ensure_probe_rm
 from klguard.errors import UserError
 
 DATA_SOURCE = "klguard/reviews"
@@ -348,8 +351,7 @@ class ReviewsTask:
         return write_reviews_parquet(out_dir)
 
     def learned_rm(self, cfg, policy_path: Path, *, log: Callable[[str], None]) -> Path:
-        raise UserError("proxy_reward.kind=learned_rm is the arithmetic task's; the reviews task's proxy is VADER "
-                        "(data.builtin_task=reviews)")
+        return ensure_probe_rm("reviews", make_rows("train"), gold_score, cfg, policy_path, log=log)
 
     def reward(self, cfg) -> ReviewsReward:
         return ReviewsReward()

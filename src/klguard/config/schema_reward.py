@@ -168,8 +168,9 @@ class ProxyRewardConfig:
         "(null = on for the built-in task only) (ours)"
     )
     kind: ProxyKind = opt("length", "The proxy: " + choices(
-        ProxyKind, length="the length-biased formula below",
-        learned_rm="a small reward model fit to the SFT policy's samples (learned_rm.*), cached"))
+        ProxyKind, length="the task's own: arith's length-biased formula below, reviews' VADER",
+        learned_rm="a reward model fit to the policy's samples labelled by gold, cached (arith: learned_rm.*; "
+                   "reviews: a logistic head on the policy's body, learned_rm.samples/seed/audit)"))
     format_weight: float = opt(0.5, "Proxy weight of a well-formed '#### <number>' answer at the start")
     correct_weight: float = opt(0.5, "Proxy weight of the FIRST answer being correct")
     length_weight: float = opt(1.0, "Proxy weight of min(tokens, length_cap) / length_cap: the length bias")
