@@ -1,5 +1,6 @@
 """The guard's settings for hosts that run another trainer's model (TRL, verl, `klguard watch`): patience on the KL
-limit, non-finite inputs, a length collapse; klguard's own defaults leave all three as they were."""
+limit, non-finite inputs, a length collapse judged after the start-up; klguard's own defaults leave all three as they
+were."""
 
 from __future__ import annotations
 
@@ -45,5 +46,8 @@ def test_external_hosts_pause_on_nan_gradients_and_roll_back_a_length_collapse()
     nan = [{"actor/grad_norm": math.nan}] * 3
     assert decisions(cfg, nan) == [(3, "pause", "nonfinite")]
     assert decisions(cfg, [{"actor/grad_norm": math.nan}, {"actor/grad_norm": 1.0}] * 3) == []
-    lengths = [{"response_length/mean": v} for v in (60.0, 58.0, 40.0, 16.0, 9.0)]
-    assert decisions(cfg, lengths) == [(5, "rollback", "length_collapse")]  # 9 < 0.25 x mean(60, 58, 40, 16)
+    lengths = [{"response_length/mean": v} for v in [60.0] * 20 + [40.0, 16.0, 9.0, 9.0]]
+    # the baseline is steps 11-20's median (60; steps 1-10 are the start-up); the median of the last 5 goes below 15
+    # at step 23 (60, 60, 40, 16, 9 -> 40; 60, 40, 16, 9, 9 -> 16 at step 24)
+    assert decisions(cfg, lengths) == []
+    assert decisions(cfg, [*lengths, {"response_length/mean": 9.0}]) == [(25, "rollback", "length_collapse")]

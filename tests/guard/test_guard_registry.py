@@ -18,6 +18,7 @@ from klguard.guard.step import Evidence, Step
 from klguard.integrations.metric_maps import rules_without_input
 
 ECHO = "hacking/test_echo"
+NEW_RULES = ("length_collapse", "length_growth")
 
 
 def measure(step: Step) -> Evidence | None:
@@ -120,13 +121,14 @@ def test_a_name_or_key_is_declared_once(echo):
 
 
 def test_every_rule_is_declared_once_and_read_by_the_guard():
-    """7 alarms, 11 signals (the 4 default ones and 7 opt-in ones), 2 checks; each key belongs to one rule."""
+    """7 alarms, 11 signals (the 4 default ones and 7 opt-in ones), 3 checks; each key belongs to one rule; the
+    rules of another trainer's failures say what to do."""
     assert registry.names("alarm") == ("ppo_kl", "grad_norm", "penalty_share", "kl_hard", "kl_spike", "kl_slow",
                                        "val_drop")
     assert registry.names("signal") == ("length_growth", "length_corr", "entropy_collapse", "kl_growth",
                                         "repetition", "rm_spread", "ref_support", "ref_nll", "rm_outlier",
                                         "audit_gap", "proxy_val_divergence")
-    assert registry.names("check") == ("nonfinite", "length_collapse")
+    assert registry.names("check") == ("start_up", "nonfinite", "length_collapse")
     assert registry.default_signals() == ["length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence"]
     assert registry.rollback_rules() == ("kl_hard", "val_drop", "hacking", "length_collapse")
     guard = KLGuard(GuardConfig(), total_steps=10, kl_coef=0.1)
@@ -139,6 +141,7 @@ def test_every_rule_is_declared_once_and_read_by_the_guard():
     for rule in registry.rules():
         assert rule.says(GuardConfig()) and rule.sees, rule.name
         assert (rule.measure is not None) == (rule.kind != "check"), rule.name
+        assert rule.do or (rule.kind == "check" and not rule.actions) or rule.name not in NEW_RULES, rule.name
 
 
 def test_each_rules_hint_is_in_the_hosts_keys():

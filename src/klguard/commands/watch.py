@@ -28,8 +28,9 @@ from typing import Any
 from klguard.commands.watch_rules import blind_to, inputs_line, off_line, rules_lines
 from klguard.config.restricted import load_restricted, with_host_defaults
 from klguard.errors import UserError
-from klguard.guard import Action, AdvisoryHost, GuardSession, KLSetup
+from klguard.guard import Action, AdvisoryHost, GuardSession, KLSetup, registry
 from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
+from klguard.guard.registry import HACKING
 from klguard.integrations.logs import MappedLog, detect_format, open_log
 from klguard.integrations.logs.detect import NoMetricsYet
 from klguard.integrations.logs.meaning import example_name
@@ -47,6 +48,8 @@ KEY_PREFIXES = ("guard.", "algorithm.kl_ctrl.", "trainer.total_training_steps")
 run length (the guard's warm-up is a share of it)."""
 WHOSE = {None: "klguard's metric names", "verl": "verl's metric names", "trl": "TRL's metric names",
          "openrlhf": "OpenRLHF's metric names", "plain": "plain metric names, read as TRL's and their synonyms"}
+HACKING_DO = ("read the samples of the steps the signals name before trusting the reward; raise the KL coefficient or "
+              "roll back to the last checkpoint before them")
 TRAINER_EVENTS = ("klguard", "trl")  # formats whose trainer may write its own events.jsonl beside the log
 
 
@@ -255,12 +258,24 @@ class Watch:
 
 
 class WatchHost(AdvisoryHost):
-    """Acts on nothing; writes each decision, marked advisory, to `events`."""
+    """Acts on nothing; writes each decision, marked advisory, to `events`, with the rule's one line of what to do
+    (its declaration's `do`, as `do` in the event and `Do this: ...` after the reason)."""
 
     events: Path
 
     def write_event(self, record: dict[str, Any]) -> None:
+        do = do_this(record.get("rule", ""))
+        if do:
+            record = {**record, "do": do, "reason": f"{record['reason']} Do this: {do}."}
         append_event(self.events, {**record, "advisory": True}, who="klguard watch")
+
+
+def do_this(rule: str) -> str:
+    """What to do when `rule` decides (its declaration's `do`; the hacking alarm's own), "" where none is said."""
+    if rule == HACKING:
+        return HACKING_DO
+    declared = registry.rule(rule)
+    return declared.do if declared is not None else ""
 
 
 def _empty(path: Path) -> bool:

@@ -6,6 +6,7 @@ from its declaration (klguard.guard.registry): a new one is listed here without 
 from __future__ import annotations
 
 from collections.abc import Collection
+from fnmatch import fnmatchcase
 
 from klguard.guard import KLGuard
 from klguard.guard.registry import GuardRule, rules
@@ -19,7 +20,7 @@ STOPS = ("rollback", "pause")  # the actions that stop a watched run (exit 3); t
 def has(names: Collection[str], wanted: str) -> bool:
     if wanted == VAL:
         return any(n.startswith("val-core/") and "/acc/" in n for n in names)
-    return wanted in names
+    return any(fnmatchcase(n, wanted) for n in names) if "*" in wanted else wanted in names
 
 
 def inputs_line(names: Collection[str]) -> str:
@@ -32,7 +33,7 @@ def inputs_line(names: Collection[str]) -> str:
 
 def says(rule: GuardRule, guard: KLGuard) -> str:
     """What the rule does with the guard's values; "(advice)" where watch's exit code cannot show it."""
-    advice = rule.kind != "signal" and not any(a in STOPS for a in rule.actions)
+    advice = rule.kind != "signal" and bool(rule.actions) and not any(a in STOPS for a in rule.actions)
     return rule.says(guard.cfg) + (" (advice)" if advice else "")
 
 

@@ -49,6 +49,8 @@ class GuardState:
     # Baselines: each metric's values of its first baseline_window steps (at most that many), from its first step
     baselines: dict[str, list] = field(default_factory=dict)
     baseline_start: dict[str, int] = field(default_factory=dict)
+    # Each metric's last robust_window values, where the rules read their median (start_up)
+    recent: dict[str, list] = field(default_factory=dict)
     # Each rule's own memory (klguard.guard.registry: its declaration's `memory`)
     rules: dict[str, dict[str, Any]] = field(default_factory=initial_memory)
     # Flags of the latest step, and the step each rule last fired

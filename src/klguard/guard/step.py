@@ -5,6 +5,12 @@ A baseline is the mean of a metric's values in its first ``baseline_window`` ste
 it is complete once ``baseline_window`` values are in, or once ``baseline_window`` steps have passed since the first
 value, so a metric logged every 10 steps has a baseline of one value at its second logging. No signal fires while
 its baseline is being collected.
+
+With ``baseline_settle`` > 0 (the start_up rule's key; on another trainer's model) a metric's first
+``baseline_settle`` steps are its start-up transient: no baseline takes them, the window starts after them, and the
+baseline is the median of the window's values, so a base model's first-step swing (38 -> 384 -> 23 tokens) is
+neither the baseline nor judged against it. `recent` is what those rules judge: the median of a metric's last
+``robust_window`` values (1: the step's own value).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klguard.guard.actions import Action
-from klguard.guard.signals import Observation
+from klguard.guard.signals import Observation, median
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Step:
         self.found: dict[str, Any] = {}
         self.last: list[Action] = []  # actions that go after every other of the step (a pause)
         self._baselines: dict[str, Any] = {}
+        self._recent: dict[str, float | None] = {}
 
     def value(self, metric: str) -> float | None:
         return self.obs.get(metric)
@@ -75,10 +82,36 @@ class Step:
         if name not in self._baselines:
             values = self.st.baselines.setdefault(name, [])
             done = not self._collecting(name, values, value is not None)
-            if not done and value is not None:
+            if not done and value is not None and not self._settling(name):
                 values.append(value)
-            self._baselines[name] = sum(values) / len(values) if done else None
+            robust = self.settle > 0
+            self._baselines[name] = None if not done else median(values) if robust else sum(values) / len(values)
         return self._baselines[name]
+
+    @property
+    def settle(self) -> int:
+        """Steps of a metric's start-up that no baseline takes (guard.baseline_settle; 0 where no rule declares it)."""
+        return int(getattr(self.cfg, "baseline_settle", 0))
+
+    def recent(self, metric: str) -> float | None:
+        """The median of `metric`'s last ``robust_window`` values, this step's included (None on a step without one;
+        the value itself at a window of 1). Once a step, however many rules ask."""
+        if metric not in self._recent:
+            value, window = self.value(metric), int(getattr(self.cfg, "robust_window", 1))
+            if value is None or window <= 1:
+                self._recent[metric] = value
+            else:
+                values = self.st.recent.setdefault(metric, [])
+                values.append(value)
+                del values[:-window]
+                self._recent[metric] = median(values)
+        return self._recent[metric]
+
+    def _settling(self, name: str) -> bool:
+        """Whether baseline `name` is in its metric's start-up (its first ``baseline_settle`` steps)."""
+        start = self.st.baseline_start.get(name)
+        step = self.st.last_step if self.st.last_step is not None else 0
+        return start is not None and step < start + self.settle
 
     def score_baseline(self, name: str, mean: float | None, std: float | None) -> tuple[float, float] | None:
         """Like `baseline` for a score's (batch mean, batch std): their means once the baseline is complete."""
@@ -105,7 +138,7 @@ class Step:
             if new:
                 self.st.baseline_start[name] = step
             return True
-        return not values or step < start + size
+        return not values or step < start + self.settle + size
 
     def rise(self, signal: str, metric: str, baseline: str, rise: float, what: str) -> Evidence | None:
         """`signal`: `metric` above its baseline (named `baseline`) + `rise`."""
@@ -117,8 +150,8 @@ class Step:
               what: str) -> Evidence | None:
         """`signal`: `metric` beyond `factor` x its baseline (named `baseline`), once that baseline is > 0: above it,
         or below it when not `above`."""
-        value = self.value(metric)
-        base = self.baseline(baseline, value)
+        value = self.recent(metric)
+        base = self.baseline(baseline, self.value(metric))
         return self.limit(signal, metric, value, factor * base if base and base > 0 else None, above, what)
 
     def limit(self, signal: str, metric: str, value: float | None, limit: float | None, above: bool,

@@ -142,8 +142,8 @@ def test_map_overrides_the_meaning_and_an_ambiguity_names_the_map_that_resolves_
 def test_a_from_scratch_loops_step_lines_are_read_by_meaning(tmp_path, capsys):
     """`[Step N/500] k=v` lines of a textbook's GRPO loop, none of whose names a map knows; an eval line every 5."""
     lines = []
-    for s in range(1, 13):
-        length = 300.0 if s < 6 else 20.0  # answers collapse to a few tokens from step 6
+    for s in range(1, 31):
+        length = 300.0 if s < 26 else 20.0  # answers collapse to a few tokens from step 26, after the start-up
         lines.append(f"[Step {s}/500] reward_avg={0.4 + 0.01 * s:.3f} kl_loss=0.0100 entropy_avg=0.250 "
                      f"avg_response_len={length:.1f} reward_std=0.100")
         if s % 5 == 0:
@@ -154,4 +154,5 @@ def test_a_from_scratch_loops_step_lines_are_read_by_meaning(tmp_path, capsys):
     assert "read by meaning: eval_acc -> val-core/eval_acc/acc/mean@1, kl_loss -> actor/kl_loss, entropy_avg -> " \
            "actor/entropy, avg_response_len -> response_length/mean, reward_avg -> critic/score/mean; left " \
            "unmapped: nothing" in out  # reward_std: TRL's name, critic/score/std
-    assert "stop the run at step 6" in out  # length_collapse: 20 < 0.25 x 300
+    assert "stop the run at step 28" in out  # length_collapse: the median of the last 5, 20 < 0.25 x 300
+    assert "Do this: read a few short responses" in out

@@ -286,10 +286,11 @@ def test_nan_gradient_norms_pause_at_the_third_step(tmp_path, capsys):
 
 
 def test_answers_collapsing_to_a_token_roll_back(tmp_path, capsys):
-    rows = [(s, {"completion_length": 60.0 if s < 4 else 2.0, "reward": 0.5}) for s in range(1, 8)]
+    """After the start-up (10 steps) and the baseline (10 more): the median of the last 5 lengths at 2 tokens."""
+    rows = [(s, {"completion_length": 60.0 if s < 24 else 2.0, "reward": 0.5}) for s in range(1, 30)]
     path = write_jsonl(tmp_path / "log.jsonl", rows)
     assert main(["watch", path]) == 3
-    assert "stop the run at step 4" in capsys.readouterr().out
+    assert "stop the run at step 26" in capsys.readouterr().out
     assert json.loads((tmp_path / "events.jsonl").read_text().splitlines()[0])["rule"] == "length_collapse"
 
 

@@ -34,7 +34,7 @@ def act(step: Step) -> list[Action]:
 register(GuardRule(
     name=NAME, kind="alarm", order=20, reads=((GRAD_NORM,),), optional=(GRAD_CLIP,),
     says=lambda c: f"actor/grad_norm > {c.grad_norm_max:g}: clip", sees="exploding gradients",
-    actions=("set_grad_clip",),
+    actions=("set_grad_clip",), do="clip the gradient norm (1.0 is usual) and watch whether the spikes recur",
     keys=(Key("grad_norm_max", 10.0, "actor/grad_norm above this: tighten grad clipping", greater(0)),
           Key("grad_clip_on_alarm", 1.0, "Gradient clip set when grad_norm alarms", greater(0))),
     measure=measure, act=act))

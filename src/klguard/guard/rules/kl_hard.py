@@ -37,4 +37,5 @@ register(GuardRule(
           Key("kl_hard_patience", 1, "Consecutive steps with KL above kl_hard_limit before it rolls back (1: the "
               "first such step)", at_least(1), external=3)),
     memory={"streak": 0}, rolls_back=True, hint="raise {kl_coef} or {guard}kl_hard_limit",
+    do="go back to the last checkpoint below the limit and raise the KL coefficient (or lower the lr)",
     measure=measure, trigger=trigger))

@@ -52,7 +52,7 @@ def check(cfg, key: str) -> None:
 register(GuardRule(
     name=NAME, kind="alarm", order=50, reads=((REF_KL, REF_KL_LOSS),),
     says=lambda c: f"KL > {c.spike_factor:g}x its running median: lower target_kl", sees="a KL spike",
-    actions=("lower_target_kl",),
+    actions=("lower_target_kl",), do="lower the target KL or raise the KL coefficient; look at the batch of the spike",
     keys=(Key("spike_factor", 3.0, "KL above this times its running median (and above target_kl) is a spike",
               at_least(1)),
           Key("spike_window", 20, "Steps in the running median of the KL", at_least(1)),

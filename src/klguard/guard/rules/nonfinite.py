@@ -38,6 +38,8 @@ register(GuardRule(
     sees="NaN or infinite training", actions=("pause",),
     keys=(Key("nonfinite_patience", 0, "Consecutive steps with a NaN/inf grad norm, loss, KL or score: pause (0: off, "
               "the trainer skips them)", at_least(0), external=3),),
+    do="lower the lr, check the reward for NaN and the precision (fp16 loss scaling), resume from the last finite "
+       "checkpoint",
     memory={"streak": 0}, on=lambda guard: guard.cfg.nonfinite_patience > 0,
     hint="lower {lr}, check the reward for NaN and the precision (fp16 loss scaling), or set "
          "{guard}nonfinite_patience=0", stop=stop))

@@ -38,6 +38,7 @@ register(GuardRule(
     says=lambda c: f"validation {c.val_drop_max:.0%} below its best: roll back", sees="a validation score falling",
     actions=("rollback",),
     keys=(Key("val_drop_max", 0.05, "Relative drop of the validation score from its best (when > 0) that rolls back",
-              at_least(0)),),
+              at_least(0), external=0.1),),
+    do="keep the checkpoint of the best validation; resume from it with a lower lr or a higher KL coefficient",
     memory={"streak": 0}, rolls_back=True, reanchors=True, hint="raise {kl_coef}, lower {lr} or raise "
     "{guard}val_drop_max", measure=measure, trigger=trigger))
