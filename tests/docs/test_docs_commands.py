@@ -58,7 +58,8 @@ NOT_RUN = {
     ("docs/real-models.md", "klguard demo --task reviews --out reviews_demo    # the recipe (recipes.REVIEWS), then "
      "your key=value overrides"):
         "trains SmolLM2-135M-Instruct twice for 40 steps (a step took 31-109 s on one busy core); tests/realmodel "
-        "trains the task for two short steps and tests/builtin check the recipe --task reviews puts before the overrides",
+        "trains the task for two short steps and tests/builtin check the recipe that --task reviews puts before "
+        "the overrides",
     ("docs/training.md", "klguard train [--config FILE.yaml] [key=value ...]   # verl's dotted overrides"):
         "a synopsis of the commands (brackets mark what is optional), not one to run",
     ("docs/training.md", "klguard train global_profiler.tool=torch 'global_profiler.steps=[3,4]'     "
