@@ -199,3 +199,93 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size:
         parts.append(x.gather(-1, lab).squeeze(-1) - torch.logsumexp(x, dim=-1))
     out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=_upcast(flat).dtype)
     return out.reshape(labels.shape)
+
+
+# Rows per chunk of the fused log-prob pass: about 4M logits (16 MiB in float32), so its temporaries stay small and
+# are reused by the allocator instead of each being a fresh vocabulary-sized allocation the kernel must fault in.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _row_blocks(logits: torch.Tensor, rows: int) -> list[tuple[int, torch.Tensor]]:
+    """``(first flat row, [r, V] block)`` covering ``logits`` row by row; a strided view (``logits[:, :-1]``) is
+    walked along its first axis, so only a block, never the whole tensor, is copied to flatten it."""
+    vocab = logits.shape[-1]
+    try:
+        flat = logits.view(-1, vocab)
+    except RuntimeError:
+        per = math.prod(logits.shape[1:-1])
+        step = max(1, rows // max(per, 1))
+        return [(i * per, logits[i : i + step].reshape(-1, vocab)) for i in range(0, logits.shape[0], step)]
+    return [(start, flat[start : start + rows]) for start in range(0, flat.shape[0], rows)]
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """``logprobs_from_logits(logits / T, labels)`` (and ``entropy_from_logits`` of it, outside autograd) in one
+    chunked pass: no vocabulary-sized float32 copy of the logits, their scaled copy, softmax or gradient pieces
+    beyond one chunk. The backward writes the logits' gradient chunk by chunk with the same operations autograd
+    runs through the plain computation (logsumexp's ``exp(x - lse)``, then the label's ``+g``), so the values and
+    gradients are the plain computation's, bit for bit."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
+        vocab = logits.shape[-1]
+        rows = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+        flat_labels = labels.reshape(-1, 1).long()
+        n = flat_labels.shape[0]
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        logp = torch.empty(n, dtype=dtype, device=logits.device)
+        lse = torch.empty(n, dtype=dtype, device=logits.device)
+        ent = torch.empty(n if with_entropy else 0, dtype=dtype, device=logits.device)
+        for start, block in _row_blocks(logits, rows):
+            stop = start + block.shape[0]
+            x = _upcast(block)
+            if temperature != 1.0:
+                x = x / temperature
+            part = torch.logsumexp(x, dim=-1)
+            lse[start:stop] = part
+            logp[start:stop] = x.gather(-1, flat_labels[start:stop]).squeeze(-1) - part
+            if with_entropy:
+                p = torch.softmax(x, dim=-1)
+                x_safe = torch.where(p > 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+                ent[start:stop] = part - (p * x_safe).sum(dim=-1)
+        ctx.save_for_backward(logits, flat_labels, lse)
+        ctx.temperature = temperature
+        ent = ent.reshape(labels.shape) if with_entropy else ent
+        ctx.mark_non_differentiable(ent)
+        return logp.reshape(labels.shape), ent
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor, _grad_ent: torch.Tensor):
+        logits, flat_labels, lse = ctx.saved_tensors
+        temperature = ctx.temperature
+        vocab = logits.shape[-1]
+        rows = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+        g = grad_logp.reshape(-1, 1)
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        flat_grad = grad.view(-1, vocab)
+        for start, block in _row_blocks(logits, rows):
+            stop = start + block.shape[0]
+            x = _upcast(block)
+            if temperature != 1.0:
+                x = x / temperature
+            gs = g[start:stop]
+            d = (-gs) * (x - lse[start:stop, None]).exp()  # logsumexp's backward of the `- lse` term
+            d.scatter_add_(-1, flat_labels[start:stop], gs)  # gather's: the label's +g
+            if temperature != 1.0:
+                d = d / temperature
+            flat_grad[start:stop] = d
+        return grad, None, None, None
+
+
+def token_logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
+                               entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``labels`` under ``softmax(logits / temperature)`` in float32 (differentiable), and with
+    ``entropy`` the entropy of that distribution per position (not differentiable; None without ``entropy``).
+
+    The same numbers as ``logprobs_from_logits(logits.float() / temperature, labels)`` and ``entropy_from_logits``
+    of the same tensor, computed chunk by chunk in one pass (``_TokenLogprobs``): the peak memory of a 49k
+    vocabulary is one chunk, plus the logits' gradient in backward."""
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} != logits shape {tuple(logits.shape)}[:-1]")
+    logp, ent = _TokenLogprobs.apply(logits, labels, float(temperature), entropy)
+    return logp, ent if entropy else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from klguard.algo.loss import entropy_from_logits, logprobs_from_logits
+from klguard.algo.loss import entropy_from_logits, logprobs_from_logits, token_logprobs_and_entropy
 from klguard.model.forward_args import forward_args
 
 __all__ = ["compute_logprobs", "critic_values", "forward_logits", "position_ids_from_mask", "prompt_runs",
@@ -66,7 +66,12 @@ def response_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: T
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0, *, return_entropy: bool = False,
                    entropy_grad: bool = True) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probs of ``tokens`` under ``softmax(logits / temperature)`` (computed in fp32), and its entropy when
-    ``return_entropy`` (``entropy_grad=False``: outside autograd)."""
+    ``return_entropy`` (``entropy_grad=False``: outside autograd). Unless the entropy needs its gradient, one
+    chunked pass computes both (``klguard.algo.loss.token_logprobs_and_entropy``: the same numbers, without
+    vocabulary-sized float32 temporaries)."""
+    if not (return_entropy and entropy_grad and torch.is_grad_enabled() and logits.requires_grad):
+        logprobs, entropy = token_logprobs_and_entropy(logits, tokens, temperature, entropy=return_entropy)
+        return (logprobs, entropy) if return_entropy else logprobs
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature

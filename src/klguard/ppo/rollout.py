@@ -190,10 +190,14 @@ def generate(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, pa
     ``params.compile_step`` the decode step runs compiled over a static cache (``klguard.ppo.compiled_decode``;
     it falls back to the eager loop where it cannot run).
 
-    The decode loop runs under ``torch.inference_mode``; the returned tensors are ordinary (cloned outside it) so
-    the trainer can use them in autograd-tracked computations (e.g. embedding lookups in the PPO update).
+    The decode loop runs under ``torch.inference_mode`` (``no_grad`` under autocast); the returned tensors are
+    ordinary (cloned outside it) so the trainer can use them in autograd-tracked computations (e.g. embedding lookups
+    in the PPO update).
     """
-    with torch.inference_mode():
+    # Under bf16 autocast, no_grad: autocast keeps its bf16 copy of each weight for the whole rollout only outside
+    # inference mode (inside it, every weight is cast again at every decode step).
+    autocast = torch.is_autocast_enabled(prompt_ids.device.type)
+    with torch.no_grad() if autocast else torch.inference_mode():
         out = _decode(model, prompt_ids, prompt_mask, params, generator, sample_rows)
     response, resp_mask, logprobs = (t.clone() for t in out)
     return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, logprobs, resp_mask.sum(-1))

@@ -96,9 +96,11 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 
 def shared_prefix_forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
-                          groups: Tensor) -> Tensor:
+                          groups: Tensor, *, split: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
     """``model(input_ids, attention_mask).logits`` at positions ``-R-1 .. -2`` (``[B, R, C]``, the model's dtype),
     computing the prompt part once per group of ``groups`` (see ``prompt_groups``); grad follows the caller's mode.
+    ``split``: the two parts as they come, position ``-R-1`` (``[B, 1, C]``) and the rest (``[B, R - 1, C]``, None
+    when ``R == 1``), not joined (joining copies every logit: a vocabulary-sized copy for a causal LM).
 
     ``input_ids``/``attention_mask`` are ``[B, P + R]``: left-padded prompt, then the response
     (``R = response_length``). Position ids come from the mask as in ``klguard.ppo.forward``."""
@@ -126,14 +128,14 @@ def shared_prefix_forward(model: torch.nn.Module, input_ids: Tensor, attention_m
         raise ValueError(f"{type(model).__name__} did not fill the KV cache; the shared-prefix forward cannot run it")
     head = out.logits[:, -1:].index_select(0, row_group)  # output at the last prompt position, per row
     if R == 1:
-        return head
+        return (head, None) if split else head
 
     expanded = _new_cache(model)
     for idx, layer in enumerate(cache.layers):
         expanded.update(layer.keys.index_select(0, row_group), layer.values.index_select(0, row_group), idx)
     rest = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, P:-1],
                  use_cache=True, **{cache_kw: expanded}).logits
-    return torch.cat([head, rest], dim=1)
+    return (head, rest) if split else torch.cat([head, rest], dim=1)
 
 
 def shared_prefix_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
@@ -145,9 +147,18 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_
     if groups is None:
         return compute_logprobs(model, input_ids, attention_mask, response_length, temperature,
                                 return_entropy=return_entropy, entropy_grad=entropy_grad)
-    logits = shared_prefix_forward(model, input_ids, attention_mask, response_length, groups)
-    return token_logprobs(logits, input_ids[:, -response_length:], temperature, return_entropy=return_entropy,
-                          entropy_grad=entropy_grad)
+    head, rest = shared_prefix_forward(model, input_ids, attention_mask, response_length, groups, split=True)
+    tokens = input_ids[:, -response_length:]
+    parts = [token_logprobs(head, tokens[:, :1], temperature, return_entropy=return_entropy,
+                            entropy_grad=entropy_grad)]
+    if rest is not None:  # each part on its own: the logits are never joined (per position, the same numbers)
+        parts.append(token_logprobs(rest, tokens[:, 1:], temperature, return_entropy=return_entropy,
+                                    entropy_grad=entropy_grad))
+    if len(parts) == 1:
+        return parts[0]
+    if not return_entropy:
+        return torch.cat(parts, dim=1)
+    return tuple(torch.cat(xs, dim=1) for xs in zip(*parts, strict=True))
 
 
 def shared_prefix_values(critic: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
