@@ -18,7 +18,8 @@ from klguard.guard.step import Evidence, Step
 from klguard.integrations.metric_maps import rules_without_input
 
 ECHO = "hacking/test_echo"
-NEW_RULES = ("length_collapse", "length_growth")
+NEW_RULES = ("length_collapse", "length_growth", "entropy_blowup", "reward_collapse", "loss_explosion", "policy_ratio",
+             "truncation", "zero_std", "zero_grad", "proxy_correctness")
 
 
 def measure(step: Step) -> Evidence | None:
@@ -121,20 +122,24 @@ def test_a_name_or_key_is_declared_once(echo):
 
 
 def test_every_rule_is_declared_once_and_read_by_the_guard():
-    """7 alarms, 11 signals (the 4 default ones and 7 opt-in ones), 3 checks; each key belongs to one rule; the
+    """14 alarms, 11 signals (the 4 default ones and 7 opt-in ones), 4 checks; each key belongs to one rule; the
     rules of another trainer's failures say what to do."""
-    assert registry.names("alarm") == ("ppo_kl", "grad_norm", "penalty_share", "kl_hard", "kl_spike", "kl_slow",
-                                       "val_drop")
+    assert registry.names("alarm") == ("ppo_kl", "grad_norm", "zero_grad", "loss_explosion", "penalty_share",
+                                       "kl_hard", "kl_spike", "kl_slow", "val_drop", "reward_collapse",
+                                       "proxy_correctness", "policy_ratio", "truncation", "zero_std")
     assert registry.names("signal") == ("length_growth", "length_corr", "entropy_collapse", "kl_growth",
                                         "repetition", "rm_spread", "ref_support", "ref_nll", "rm_outlier",
                                         "audit_gap", "proxy_val_divergence")
-    assert registry.names("check") == ("start_up", "nonfinite", "length_collapse")
+    assert registry.names("check") == ("start_up", "nonfinite", "length_collapse", "entropy_blowup")
     assert registry.default_signals() == ["length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence"]
-    assert registry.rollback_rules() == ("kl_hard", "val_drop", "hacking", "length_collapse")
+    assert registry.rollback_rules() == ("kl_hard", "val_drop", "reward_collapse", "hacking", "length_collapse",
+                                         "entropy_blowup")
+    assert registry.reanchor_rules() == ["val_drop", "hacking", "length_collapse"]  # klguard's own default unchanged
     guard = KLGuard(GuardConfig(), total_steps=10, kl_coef=0.1)
     guard.observe(1, QUIET)
     names = set(guard.guard_metrics())
-    assert {f"guard/alarm_{n}" for n in registry.names("alarm")} <= names
+    assert {f"guard/alarm_{r.name}" for r in registry.rules("alarm") if r.flag_when_off} <= names
+    assert not any(f"guard/alarm_{n}" in names for n in NEW_RULES)  # off in klguard's own runs: not logged
     assert {f"guard/hack_{n}" for n in registry.names("signal")} <= names
     read = {name for rule in registry.rules() for name in rule.inputs}
     assert read <= set(INPUT_METRICS)

@@ -68,7 +68,7 @@ def test_rollback_restores_checkpoint_bit_for_bit_and_the_lr_cut_survives_the_sc
     seen = snapshot_after_guard(callback, 4)
     trainer.train()
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
-    kinds = [(e["step"], e["kind"]) for e in events]
+    kinds = [(e["step"], e["kind"]) for e in events if e["kind"] != "warn"]  # advice (zero_std: 4 alike) aside
     assert kinds[0] == (4, "rollback") and (4, "reanchor_reference") in kinds and (4, "cut_lr") in kinds
     assert callback.session.stable[:2] == [1, 2]
 
@@ -148,7 +148,7 @@ def test_resume_from_a_trl_checkpoint_repeats_the_uninterrupted_decisions(tmp_pa
         return [json.loads(x) for x in (folder / "events.jsonl").read_text().splitlines()]
 
     after = [e for e in events(tmp_path / "whole") if e["step"] > 4]
-    assert after and after[0]["kind"] == "rollback"
+    assert after and next(e for e in after if e["kind"] != "warn")["kind"] == "rollback"
     assert events(resumed_dir) == after
     a, b = train_logs(whole), train_logs(resumed)
     for step in range(5, 9):
@@ -174,6 +174,6 @@ def test_report_reads_a_trl_output_folder(tmp_path):
     assert run.series("response_length/mean")[1] == [logs[s]["completions/mean_length"] for s in (1, 2, 3, 4)]
     assert run.series("actor/kl_coef")[1] == [logs[s]["beta"] for s in (1, 2, 3, 4)]
     assert run.series("guard/gold_validation")[0] == [2, 4]
-    assert [e["kind"] for e in run.events][:1] == ["rollback"]
+    assert [e["kind"] for e in run.events if e["kind"] != "warn"][:1] == ["rollback"]
     assert main(["report", str(tmp_path)]) == 0
     assert "rollback" in (tmp_path / "report.html").read_text()

@@ -188,7 +188,7 @@ class Watch:
             return []
         parts = [f"read by meaning: {', '.join(f'{k} -> {v}' for k, v in news) or 'nothing'}"]
         if found.per_function:
-            parts.append(f"per-function rewards (no guard input): {_some(found.per_function)}")
+            parts.append(f"per-function rewards (as critic/score/<fn>/mean): {_some(found.per_function)}")
         parts.append(f"left unmapped: {_some(found.unmapped) or 'nothing'}")
         lines = ["klguard watch: " + "; ".join(parts)]
         return lines + [f"klguard watch: ambiguous: {line}" for line in found.ambiguous]

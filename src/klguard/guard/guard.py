@@ -108,7 +108,9 @@ class KLGuard:
             return True
         kl_ok = st.last_kl is None or st.last_kl <= self.cfg.stable_kl_share * self.cfg.kl_hard_limit
         length_ok = st.length_ratio is None or st.length_ratio <= 1 + self.cfg.stable_length_growth
-        return kl_ok and length_ok and not any(st.alarms.values()) and not self._alarmed() and not st.val_falling
+        advice = {r.name for r in registry.rules("alarm") if set(r.actions) == {"warn"}}  # advice leaves it stable
+        alarmed = any(on for name, on in st.alarms.items() if name not in advice)
+        return kl_ok and length_ok and not alarmed and not self._alarmed() and not st.val_falling
 
     def _alarmed(self) -> bool:
         """Whether a signal that raises the hacking alarm (guard.hacking_signals) is active."""
@@ -119,7 +121,8 @@ class KLGuard:
         if not self.cfg.enable:
             return {}
         st = self._st
-        out = {f"guard/alarm_{name}": float(st.alarms.get(name, False)) for name in registry.names("alarm")}
+        out = {f"guard/alarm_{r.name}": float(st.alarms.get(r.name, False)) for r in registry.rules("alarm")
+               if r.flag_when_off or r.active(self)}
         out |= {f"guard/hack_{name}": float(st.hack.get(name, False)) for name in registry.names("signal")}
         out |= {"guard/hacking_alarm": float(self._alarmed()), "guard/target_kl": st.target_kl,
                 "guard/lr_scale": st.lr_scale, "guard/rollbacks": float(st.rollbacks),

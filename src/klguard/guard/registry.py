@@ -82,6 +82,7 @@ class GuardRule:
     logs: bool = False  # memory["value"], when set, is logged as guard/<name>
     hint: str | None = None  # after it paused the run, what to change ({kl_coef}, {lr}, {target_kl}, {guard})
     do: str = ""  # one line: what to do when it fires, whatever the trainer (klguard watch prints it with a decision)
+    flag_when_off: bool = True  # an alarm's guard/alarm_<name> is logged while its settings turn it off
     rolls_back: bool = False
     reanchors: bool = False  # its rollbacks re-anchor the reference by default (guard.reanchor_rules)
     check: Callable[[Any, str], None] | None = None  # what no single key's rule says, on the config under a key

@@ -43,6 +43,7 @@ TRL_METRICS: dict[str, str] = {
     "completions/min_length": "response_length/min",
     "completions/clipped_ratio": "response_length/clip_ratio",
     "clip_ratio/region_mean": "actor/pg_clipfrac",
+    "frac_reward_zero_std": "critic/score/frac_zero_std",
 }
 """TRL 1.x GRPOTrainer's names. With ``logging_steps`` > 1 a logged value is the mean over the steps since the last
 log."""

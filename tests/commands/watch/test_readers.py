@@ -191,7 +191,8 @@ def test_a_pipe_table_pasted_in_an_issue(tmp_path):
     assert log.format == "table" and [s for s, _ in steps] == [1, 2, 4]
     last = steps[-1][1]
     assert (last["critic/score/mean"], last["critic/score/std"], last["response_length/mean"]) == (0.0, 0.0, 452.0)
-    assert (last["actor/kl_loss"], last["actor/pg_loss"], last["rewards/match_format_exactly"]) == (1e-5, 1e-4, 1.0)
+    fmt = last["critic/score/match_format_exactly/mean"]  # a per-function reward under the guard's name
+    assert (last["actor/kl_loss"], last["actor/pg_loss"], fmt) == (1e-5, 1e-4, 1.0)
 
 
 def test_a_markdown_table_with_outer_pipes_and_a_separator_row(tmp_path):
@@ -217,8 +218,8 @@ def test_a_single_space_table_splits_its_header_by_the_rows(tmp_path):
     (tmp_path / "t.txt").write_text("Step Training Loss reward rewards / fmt completion_length\n"
                                     "1 0.5 0.25 1.0 120\n2 0.4 0.5 1.0 110\n")
     _, steps = read(tmp_path / "t.txt")
-    assert steps[1] == (2, {"actor/pg_loss": 0.4, "critic/score/mean": 0.5, "rewards/fmt": 1.0,
-                            "response_length/mean": 110.0})
+    assert steps[1] == (2, {"actor/pg_loss": 0.4, "critic/score/mean": 0.5, "critic/score/fmt/mean": 1.0,
+                            "response_length/mean": 110.0})  # a per-function reward under the guard's name
 
 
 def test_a_header_without_a_row_under_it_is_prose(tmp_path):

@@ -19,7 +19,7 @@ from klguard.integrations.logs.console import KeyValueLines, TrlConsole, VerlCon
 from klguard.integrations.logs.detect import FORMATS, detect_format
 from klguard.integrations.logs.jsonl import JsonLines
 from klguard.integrations.logs.lines import Step
-from klguard.integrations.logs.meaning import Inference, infer, is_candidate, rename
+from klguard.integrations.logs.meaning import Inference, function_target, infer, is_candidate, rename
 from klguard.integrations.logs.stores import CsvLog, MlflowLog, TensorBoardLog, TrainerStateLog, trainer_state_file
 from klguard.integrations.logs.table import TableLog
 from klguard.integrations.logs.wandb_run import WandbLog
@@ -65,7 +65,8 @@ class MappedLog:
         steps = [(step, self.map(raw)) for step, raw in self.reader.poll(final)]
         if self.by_meaning and steps:
             self._learn([metrics for _, metrics in steps])
-        return [(step, rename(metrics, self.inference.renames)) for step, metrics in steps]
+        functions = {name: function_target(name) for name in self.inference.per_function}
+        return [(step, rename(metrics, {**self.inference.renames, **functions})) for step, metrics in steps]
 
     def take_news(self) -> list[tuple[str, str]]:
         """The (log name, guard name) pairs read by meaning since the last call."""

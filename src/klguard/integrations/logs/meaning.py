@@ -35,7 +35,7 @@ from klguard.guard.signals import (
 )
 
 VAL_INPUT = "val-core/*/acc/*"
-PG_LOSS, CLIP_FRACTION = "actor/pg_loss", "actor/pg_clipfrac"
+PG_LOSS, CLIP_FRACTION, POLICY_RATIO = "actor/pg_loss", "actor/pg_clipfrac", "actor/policy_ratio"
 GUARD_READS = frozenset((*INPUT_METRICS, *NONFINITE_INPUTS, CLIP_FRACTION))
 """The guard's names: never candidates for a meaning."""
 
@@ -96,6 +96,9 @@ MEANINGS: tuple[Meaning, ...] = (
                 "action", "sample"),)),
     Meaning(CLIP_FRACTION, (_w("clip", "clipped"), _w("frac", "ratio")),
             STATS | EVAL | CRITIC | _w("response", "completion", "completions", "length", "prompt", "grad")),
+    Meaning(POLICY_RATIO, (_w("ratio"), _w("policy", "importance", "ppo", "pg", "is")),
+            STATS | EVAL | CRITIC | _w("clip", "clipped", "frac", "length", "response", "completion", "completions",
+                                       "reward", "kl", "loss")),
     Meaning(LR, (_w("lr"),), EVAL | CRITIC, (_w("actor", "policy"),)),
     Meaning(PG_LOSS, (_w("loss"),), STATS | EVAL | CRITIC | COEF | _w("kl", "entropy", "sft", "aux", "lm", "reward"),
             (_w("pg", "policy", "actor", "surrogate"),)),
@@ -197,6 +200,14 @@ def _ambiguity(meaning: Meaning, best: str, tied: Iterable[str]) -> str:
 def is_candidate(name: str) -> bool:
     """Whether `name` may be read by meaning: not one of the guard's own names."""
     return name not in GUARD_READS and not name.startswith(("val-core/", "hacking/"))
+
+
+def function_target(name: str) -> str:
+    """The guard's name of a per-function reward: `critic/score/<fn>/mean` (TRL's `rewards/<fn>/mean` and
+    `reward/<fn>` as `<fn>`; any other name whole, its `/` as `_`)."""
+    fn = re.sub(r"^rewards?/", "", name)
+    fn = re.sub(r"/mean$", "", fn) if name.startswith(("rewards/", "reward/")) else fn
+    return f"critic/score/{fn.replace('/', '_')}/mean"
 
 
 def rename(metrics: dict[str, float], renames: dict[str, str]) -> dict[str, float]:
