@@ -6,10 +6,11 @@ copied into the repository): what it read and what it decided, beside each log's
 
 Each log is watched as a new user would run `klguard watch LOG` (format told from the content, names no map knows
 read by meaning, the external hosts' defaults), with `--map` only where a log's own names need it (MAPS: none).
-Prints one table row per log and writes benchmarks/results/watch_reallogs.json. Decision events go to a temporary
-folder. A log with a `hacking/ref_nll` input (the log of a perplexity under the base model), a logged-only signal by
-default, is watched twice more with `ref_nll` among `guard.hacking_signals` (REF_NLL_RUNS): as it is, and with the
-KL hard limit out of reach, to see the step the signal alone would stop at.
+Prints one table per half of the corpus (tune, held-out: `half` in benchmarks/corpus/labels.json; thresholds are set
+on the tune half only), one row per log, and writes benchmarks/results/watch_reallogs.json. Decision events go to a
+temporary folder. A log with a `hacking/ref_nll` input (the log of a perplexity under the base model), a logged-only
+signal by default, is watched twice more with `ref_nll` among `guard.hacking_signals` (REF_NLL_RUNS): as it is, and
+with the KL hard limit out of reach, to see the step the signal alone would stop at.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from klguard.guard.signals import ENTROPY, GRAD_NORM, LENGTH, PPO_KL, REF_NLL, S
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOGS = ROOT.parent / "shared" / "reallogs"
 OUT = ROOT / "benchmarks" / "results" / "watch_reallogs.json"
+CORPUS_LABELS = ROOT / "benchmarks" / "corpus" / "labels.json"
+HALVES = {"tune": "tune half (thresholds chosen here)", "heldout": "held-out half (judged only)"}
 MAPS: dict[str, list[str]] = {}
 """`--map` items per log number (none: every log's inputs are found by a map or by meaning)."""
 SHORT = {KL[0]: "kl", KL[1]: "kl", PPO_KL: "ppo_kl", SCORE: "score", GRAD_NORM: "grad", LENGTH: "len",
@@ -48,6 +51,12 @@ def labels(index: Path) -> dict[str, str]:
     """INDEX.md's table: log number -> label."""
     rows = re.findall(r"^\| (\d\d) \| [^|]+ \| ([^|]+) \|$", index.read_text(encoding="utf-8"), re.M)
     return {number: label.strip() for number, label in rows}
+
+
+def halves() -> dict[str, str]:
+    """labels.json's half of each log, by its number (logs the corpus does not list: '?')."""
+    logs = json.loads(CORPUS_LABELS.read_text(encoding="utf-8"))["logs"]
+    return {log["id"]: log["half"] for log in logs}
 
 
 def watch_one(log: Path, events: Path, overrides: list[str] | None = None) -> dict:
@@ -117,15 +126,20 @@ def main(argv: list[str] | None = None) -> int:
             row["label"] = label.get(log.name[:2], "?")
             rows.append(row)
     seconds = time.perf_counter() - started
+    half = halves()
+    for row in rows:
+        row["half"] = half.get(row["log"][:2], "?")
     head = (f"| {'log':<3} | {'format':<12} | {'steps read':<14} | {'guard inputs found':<40} | {'decision':<40} "
             "| INDEX label |")
-    print(head)
-    print("|" + "|".join("-" * (len(cell)) for cell in head.split("|")[1:-1]) + "|")
-    for row in rows:
-        span = row.get("span")
-        steps = f"{row['steps']}" + (f" ({span[0]}-{span[1]})" if span else "")
-        print(f"| {row['log'][:2]:<3} | {row['format']:<12} | {steps:<14} | {', '.join(row.get('inputs', [])):<40} "
-              f"| {row['decision']:<40} | {row['label']} |")
+    for name, title in HALVES.items():
+        print(f"\n{title}:")
+        print(head)
+        print("|" + "|".join("-" * (len(cell)) for cell in head.split("|")[1:-1]) + "|")
+        for row in (r for r in rows if r["half"] == name):
+            span = row.get("span")
+            steps = f"{row['steps']}" + (f" ({span[0]}-{span[1]})" if span else "")
+            print(f"| {row['log'][:2]:<3} | {row['format']:<12} | {steps:<14} | {', '.join(row.get('inputs', [])):<40} "
+                  f"| {row['decision']:<40} | {row['label']} |")
     print("(* an input found by meaning: a name no trainer's map knows)")
     for row in rows:
         for key, run in (row.get("ref_nll_runs") or {}).items():
