@@ -70,7 +70,7 @@ _EVERY = Rule(lambda v: v == -1 or v >= 1, "must be >= 1 or -1")
 # ----------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
-    train_files: Any = opt(None, "Parquet file(s) in verl's row format; null = generate the built-in task's (builtin_task)")
+    train_files: Any = opt(None, "Parquet file(s) in verl's row format; null = the built-in task's (data.builtin_task)")
     val_files: Any = opt(None, "Validation parquet file(s); null = the built-in task's held-out split")
     train_max_samples: int = opt(-1, "Use at most this many training rows (-1 = all)")
     val_max_samples: int = opt(-1, "Use at most this many validation rows (-1 = all)")
