@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from real_model_speed import mm_rate
 from throughput import RESULTS, ROLLOUTS, WORKLOADS
 
 OUT = RESULTS.parent / "matmul_shapes.json"
@@ -33,17 +32,8 @@ PEAK_SHAPE = (2048, 1024, 1024)  # the throughput benchmark's square-ish referen
 
 
 def gflops(m: int, k: int, n: int, repeats: int) -> float:
-    """Median GFLOP/s of ``[m, k] @ [k, n]`` over `repeats` timings (each of enough calls for ~20 ms)."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    calls = max(1, int(2e-2 * 150e9 / (2 * m * k * n)))
-    torch.mm(a, b)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(calls):
-            torch.mm(a, b)
-        times.append((time.perf_counter() - started) / calls)
-    return 2 * m * k * n / statistics.median(times) / 1e9
+    """Median GFLOP/s of ``[m, k] @ [k, n]`` in float32 over `repeats` timings (real_model_speed.mm_rate)."""
+    return mm_rate(m, k, n, torch.float32, repeats) / 1e9
 
 
 def linear_shapes(hidden: int, intermediate: int) -> dict[str, tuple[int, int]]:
