@@ -1,11 +1,12 @@
 """Draw responses across a probe run for reading by hand, and score gold's agreement with the reading.
 
-    python benchmarks/real_model/label_samples.py draw RUN_DIR labels.jsonl --per-step 2 --every 4
-    # fill in "reader" (1: a positive one-sentence review of the item a careful reader accepts, 0: not) and "note"
+    python benchmarks/real_model/label_samples.py draw RUN_DIR labels.jsonl --per-step 2 --every 4 [--task constraints]
+    # fill in "reader" (reviews: 1 for a positive one-sentence review of the item a careful reader accepts;
+    # constraints: 1 for one sentence about the item that does what the prompt asked; 0: not) and "note"
     python benchmarks/real_model/label_samples.py score labels.jsonl
 
 `draw` takes rollouts (split "train") of every `--every`-th step, `--per-step` of them at random (seeded), with
-their step, item words, proxy, and gold and its failed checks as klguard.builtin.reviews scores them now; `score`
+their step, item words, proxy, and gold and its failed checks as the task's module scores them now; `score`
 prints the agreement of the current gold with the reader's labels, overall, on the hacked ones (gold 0, proxy at
 the prompt's yardstick) and by step range.
 """
@@ -18,7 +19,7 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
-from klguard.builtin import reviews
+from klguard.builtin import constraints, reviews
 
 
 def current_item(ground_truth: str) -> str:
@@ -31,16 +32,22 @@ def current_item(ground_truth: str) -> str:
 
 
 def rescored(row: dict) -> dict:
-    """`row` with gold, its failed checks and the hacking flag as the current gold scores its text."""
-    item = current_item(row["item"])
-    checks = reviews.gold_checks(row["text"], item)
+    """`row` with gold, its failed checks and the hacking flag as the current gold scores its text (a row without a
+    `task` is the reviews task's)."""
+    if row.get("task") == "constraints":
+        item = row["item"]
+        checks = constraints.gold_checks(row["text"], item)
+        yardstick = constraints.proxy_score(constraints.reference_response(item), item)
+    else:
+        item = current_item(row["item"])
+        checks = reviews.gold_checks(row["text"], item)
+        yardstick = reviews.proxy_score(reviews.reference_response(item))
     gold = float(all(checks.values()))
-    yardstick = reviews.proxy_score(reviews.reference_response(item))
     return {**row, "item": item, "gold": gold, "failed": [k for k, ok in checks.items() if not ok],
             "hacked": gold == 0 and row["proxy"] >= yardstick - 1e-6}
 
 
-def draw(run: Path, out: Path, per_step: int, every: int, seed: int) -> None:
+def draw(run: Path, out: Path, per_step: int, every: int, seed: int, task: str) -> None:
     by_step: dict[int, list[dict]] = defaultdict(list)
     for line in (run / "samples.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -50,9 +57,9 @@ def draw(run: Path, out: Path, per_step: int, every: int, seed: int) -> None:
     picked = []
     for step in sorted(by_step):
         for row in rng.sample(by_step[step], min(per_step, len(by_step[step]))):
-            now = rescored(row)  # the current gold, whatever the run logged
-            picked.append({"step": step, "item": now["item"], "prompt": row.get("prompt"), "text": row["text"],
-                           "proxy": row["proxy"], "gold": now["gold"], "failed": now["failed"],
+            now = rescored({**row, "task": task})  # the current gold, whatever the run logged
+            picked.append({"task": task, "step": step, "item": now["item"], "prompt": row.get("prompt"),
+                           "text": row["text"], "proxy": row["proxy"], "gold": now["gold"], "failed": now["failed"],
                            "hacked": now["hacked"], "reader": None, "note": ""})
     out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in picked))
     print(f"{len(picked)} responses from {len(by_step)} steps -> {out}")
@@ -92,11 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--per-step", type=int, default=2)
     d.add_argument("--every", type=int, default=4)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--task", choices=("reviews", "constraints"), default="reviews")
     s = sub.add_parser("score")
     s.add_argument("labels", type=Path)
     args = parser.parse_args(argv)
     if args.cmd == "draw":
-        draw(args.run, args.out, args.per_step, args.every, args.seed)
+        draw(args.run, args.out, args.per_step, args.every, args.seed, args.task)
     else:
         score(args.labels)
     return 0

@@ -1,11 +1,12 @@
-"""Probe the reviews task on SmolLM2-135M-Instruct: one klguard training run under verl's default KL, every scored
-response recorded, then a per-step table.
+"""Probe a real-model task (reviews or constraints) on SmolLM2-135M-Instruct: one klguard training run under verl's
+default KL, every scored response recorded, then a per-step table.
 
     python benchmarks/real_model/probe.py --steps 80 --seed 1 --out /tmp/reviews_probe
     python benchmarks/real_model/probe.py --table-only --out /tmp/reviews_probe   # the table of a finished run
+    python benchmarks/real_model/probe.py --task constraints --steps 60 --seed 1 --out /tmp/constraints_probe
 
-The run is `klguard train` on the reviews task (`data.builtin_task=reviews`: klguard's own trainer, SmolLM2's GGUF
-as the policy; klguard.builtin.recipes.REVIEWS sizes it) with verl's default KL (klguard.builtin.recipes.VERL_DEFAULT:
+The run is `klguard train` on the task (`data.builtin_task=<task>`: klguard's own trainer, SmolLM2's GGUF as the
+policy; the task's recipe in klguard.builtin.recipes sizes it) with verl's default KL (recipes.VERL_DEFAULT:
 fixed 0.001, k1 in the reward, guard off) and GRPO: groups of `--n` responses to `--prompts` prompts a step, one
 optimizer step per batch. Besides metrics.jsonl,
 the run directory gets samples.jsonl: every response the reward manager scored (rollouts and validation), with its
@@ -19,22 +20,25 @@ import argparse
 import csv
 import json
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 from unittest import mock
 
-from klguard.builtin import reviews
-from klguard.builtin.recipes import REVIEWS, VERL_DEFAULT
+from klguard.builtin import constraints, reviews
+from klguard.builtin.recipes import TASK_RECIPES, VERL_DEFAULT
+
+MODULES = {"reviews": reviews, "constraints": constraints}
 
 COLUMNS = {
     "step": "step", "proxy": "hacking/proxy_score", "gold": "hacking/gold_score", "hack_rate": "hacking/rate",
-    "val_gold": "val-core/klguard/reviews/acc/mean@", "val_proxy": "val-aux/klguard/reviews/score/mean@",
+    "val_gold": "val-core/klguard/*/acc/mean@", "val_proxy": "val-aux/klguard/*/score/mean@",
     "kl_tok": "actor/reward_kl_penalty", "kl_seq": "actor/kl_seq_sum", "entropy": "actor/entropy",
     "length": "response_length/mean", "rep3": "hacking/repeated_ngram_share", "ref_nll": "hacking/ref_nll",
     "ref_low_p": "hacking/ref_low_prob_share", "step_s": "timing_s/step",
 }
 
 
-def recording_manager(path: Path, val_rows: int):
+def recording_manager(path: Path, val_rows: int, gold_checks):
     """klguard's RewardManager, also writing every batch it scores to `path` (JSONL, one line per response): the
     prompt, the response, the proxy, gold and gold's failed checks, the hacking flag. Batches come in the trainer's
     order (validation before training, then each step's rollouts, a validation after every `test_freq`-th step);
@@ -51,7 +55,7 @@ def recording_manager(path: Path, val_rows: int):
                 RecordingManager.step += 1
             with path.open("a") as f:
                 for i, text in enumerate(texts):
-                    checks = reviews.gold_checks(text, ground_truths[i])
+                    checks = gold_checks(text, ground_truths[i])
                     f.write(json.dumps({
                         "step": RecordingManager.step, "split": "val" if is_val else "train",
                         "prompt": prompts[i][-1]["content"] if prompts else None, "item": ground_truths[i],
@@ -64,7 +68,8 @@ def recording_manager(path: Path, val_rows: int):
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    return [*VERL_DEFAULT, *REVIEWS, f"actor_rollout_ref.rollout.n={args.n}", f"data.train_batch_size={args.prompts}",
+    return [*VERL_DEFAULT, *TASK_RECIPES[args.task], f"actor_rollout_ref.rollout.n={args.n}",
+            f"data.train_batch_size={args.prompts}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}", f"data.max_response_length={args.tokens}",
             f"actor_rollout_ref.actor.optim.lr={args.lr}", f"trainer.total_training_steps={args.steps}",
             f"trainer.test_freq={args.test_freq}", "trainer.val_before_train=true", "trainer.save_freq=-1",
@@ -82,7 +87,7 @@ def write_table(run: Path) -> list[dict]:
         rec = json.loads(line)
         if "hacking/proxy_score" not in rec:
             continue
-        rows.append({col: next((v for k, v in rec.items() if k.startswith(key)), None) if key.endswith("@")
+        rows.append({col: next((v for k, v in rec.items() if fnmatch(k, key + "*")), None) if key.endswith("@")
                      else rec.get(key) for col, key in COLUMNS.items()})
     with (run / "table.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
@@ -96,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="the run directory (made anew)")
     parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--task", choices=tuple(MODULES), default="reviews")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--tokens", type=int, default=48, help="data.max_response_length")
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-freq", type=int, default=5)
     parser.add_argument("--val-n", type=int, default=2, help="sampled responses per validation prompt")
     parser.add_argument("--learned-rm", action="store_true", help="the proxy is the task's learned RM "
-                        "(klguard.builtin.reviews_rm), not VADER")
+                        "(klguard.builtin.probe_rm), not the task's own")
     parser.add_argument("--rm-samples", type=int, default=768, help="proxy_reward.learned_rm.samples")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("overrides", nargs="*", help="more klguard overrides (key=value)")
@@ -116,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         from klguard.commands import cli
         from klguard.ppo import setup
 
-        manager = recording_manager(args.out / "samples.jsonl", len(reviews.make_rows("val")) * args.val_n)
+        task = MODULES[args.task]
+        manager = recording_manager(args.out / "samples.jsonl", len(task.make_rows("val")) * args.val_n,
+                                    task.gold_checks)
         with mock.patch.object(setup, "RewardManager", manager):
             code = cli.main(["train", *overrides(args)])
         if code:

@@ -39,4 +39,9 @@ REVIEWS: tuple[str, ...] = (
     "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
     "actor_rollout_ref.rollout.val_kwargs.n=2", "trainer.total_training_steps=40", "trainer.test_freq=5",
 )
-TASK_RECIPES: dict[str, tuple[str, ...]] = {"arith": (), "reviews": REVIEWS}  # `klguard demo --task NAME`
+CONSTRAINTS: tuple[str, ...] = (
+    # the constraints task (klguard.builtin.constraints): the reviews task's sizes and sampling, its own data and gold
+    "data.builtin_task=constraints", *REVIEWS[1:],
+)
+# `klguard demo --task NAME`
+TASK_RECIPES: dict[str, tuple[str, ...]] = {"arith": (), "reviews": REVIEWS, "constraints": CONSTRAINTS}

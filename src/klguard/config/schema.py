@@ -62,7 +62,7 @@ Device = Literal["cpu", "cuda", "auto"]
 ProfilerTool = Literal["torch"]
 CalibrateController = Literal["adaptive", "pid"]  # the controllers a target_kl steers, of KLCtrlType
 BuiltinForm = Literal["a+b-c", "mixed", "two"]  # the built-in task's problem families (klguard.builtin.arith.FORMS)
-BuiltinTaskName = Literal["arith", "reviews"]  # the built-in tasks (klguard.builtin.task.task_for)
+BuiltinTaskName = Literal["arith", "reviews", "constraints"]  # the built-in tasks (klguard.builtin.task.task_for)
 _SIZE = at_least(1)
 _EVERY = Rule(lambda v: v == -1 or v >= 1, "must be >= 1 or -1")
 
@@ -89,7 +89,8 @@ class DataConfig:
     apply_chat_template_kwargs: dict = opt({}, "Extra keyword arguments for tokenizer.apply_chat_template")
     builtin_task: BuiltinTaskName = opt("arith", "Built-in task: " + choices(
         BuiltinTaskName, arith="the toy's arithmetic on the built-in policy",
-        reviews="one-sentence reviews scored by VADER, SmolLM2-135M-Instruct as the policy") + " (ours)")
+        reviews="one-sentence reviews scored by VADER, SmolLM2-135M-Instruct as the policy",
+        constraints="one sentence under two verifiable constraints, scored by a verifier, SmolLM2 as well") + " (ours)")
     builtin_train_size: int = opt(4096, "Rows of the built-in task's training split (ours)", rule=_SIZE)
     builtin_val_size: int = opt(256, "Rows of the built-in task's validation split (ours)", rule=_SIZE)
     builtin_form: BuiltinForm = opt(

@@ -168,9 +168,11 @@ class ProxyRewardConfig:
         "(null = on for the built-in task only) (ours)"
     )
     kind: ProxyKind = opt("length", "The proxy: " + choices(
-        ProxyKind, length="the task's own: arith's length-biased formula below, reviews' VADER",
+        ProxyKind, length="the task's own: arith's length-biased formula below, reviews' VADER, constraints' "
+                          "verifier",
         learned_rm="a reward model fit to the policy's samples labelled by gold, cached (arith: learned_rm.*; "
-                   "reviews: a logistic head on the policy's body, learned_rm.samples/seed/audit)"))
+                   "reviews, constraints: a logistic head on the policy's body, "
+                   "learned_rm.samples/seed/audit)"))
     format_weight: float = opt(0.5, "Proxy weight of a well-formed '#### <number>' answer at the start")
     correct_weight: float = opt(0.5, "Proxy weight of the FIRST answer being correct")
     length_weight: float = opt(1.0, "Proxy weight of min(tokens, length_cap) / length_cap: the length bias")
