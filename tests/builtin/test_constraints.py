@@ -63,6 +63,8 @@ def test_gold_accepts_a_sentence_about_the_item_meeting_both(text) -> None:
     ("This lamp is quiet and bright and I really like how it", {"sentence", "meets:exclaims"}),  # cut off
     ("Lamp lamp quiet lamp lamp lamp!", {"prose"}),
     ("The lamp is quiet quiet and bright!", {"prose"}),  # a word twice in a row
+    ("A quiet lamp without commas and with an exclamation mark!", {"not_meta"}),  # talks about the instructions
+    ("This lamp uses the word quiet!", {"not_meta"}),
 ])
 def test_gold_refuses_on_each_test(text, failed) -> None:
     checks = gold_checks(text, QUIET_BANG)

@@ -45,10 +45,10 @@ SAMPLE_BATCH = 64
 Gold = Callable[[str, str], float]  # (response, ground truth) -> 0 or 1
 
 
-def probe_rm_dir(task: str, cfg: Config, policy: Path) -> Path:
+def probe_rm_dir(task: str, cfg: Config, policy: Path, gold_version: int = 1) -> Path:
     rm = cfg.proxy_reward.learned_rm
-    recipe = {"version": RM_VERSION, "task": task, "samples": rm.samples, "seed": rm.seed, "audit": rm.audit,
-              "tokens": cfg.data.max_response_length, "policy": policy_fingerprint(policy)}
+    recipe = {"version": RM_VERSION, "task": task, "gold": gold_version, "samples": rm.samples, "seed": rm.seed,
+              "audit": rm.audit, "tokens": cfg.data.max_response_length, "policy": policy_fingerprint(policy)}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root() / "probe-rm" / f"{task}-{key}"
 
@@ -139,11 +139,11 @@ def write_rm(policy: Path, cfg: Config, data: list[dict], out: Path, seed: int) 
     return metrics
 
 
-def ensure_probe_rm(task: str, rows: list[dict], gold: Gold, cfg: Config, policy: Path, *,
+def ensure_probe_rm(task: str, rows: list[dict], gold: Gold, cfg: Config, policy: Path, *, gold_version: int = 1,
                     log: Callable[[str], None] = print) -> Path:
-    """The learned RM's folder for `task` (its training `rows` and `gold`), this recipe and policy: cached, or fit now
-    (the audit RM in its `audit/`)."""
-    out = probe_rm_dir(task, cfg, policy)
+    """The learned RM's folder for `task` (its training `rows` and `gold`, whose labels change with `gold_version`),
+    this recipe and policy: cached, or fit now (the audit RM in its `audit/`)."""
+    out = probe_rm_dir(task, cfg, policy, gold_version)
     if (out / "rm_metrics.json").is_file():
         return out
     with build_lock(out, f"the {task} task's learned reward model", log):
