@@ -33,8 +33,8 @@ def current_item(ground_truth: str) -> str:
 
 def rescored(row: dict) -> dict:
     """`row` with gold, its failed checks and the hacking flag as the current gold scores its text (a row without a
-    `task` is the reviews task's)."""
-    if row.get("task") == "constraints":
+    `task` is the constraints task's where its ground truth is JSON, else the reviews task's)."""
+    if row.get("task", "constraints" if row["item"].startswith("{") else "reviews") == "constraints":
         item = row["item"]
         checks = constraints.gold_checks(row["text"], item)
         yardstick = constraints.proxy_score(constraints.reference_response(item), item)

@@ -1,4 +1,4 @@
-"""Re-score a probe run's recorded responses with the current gold (klguard.builtin.reviews.gold_score), step by step.
+"""Re-score a probe run's recorded responses with its task's current gold (reviews or constraints), step by step.
 
     python benchmarks/real_model/rescore.py RUN_DIR [--csv out.csv]
 
@@ -16,10 +16,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from klguard.builtin import reviews
-
 sys.path.insert(0, str(Path(__file__).parent))
-from label_samples import current_item  # a sibling script
+from label_samples import rescored  # a sibling script
 
 METRICS = {"kl_seq": "actor/kl_seq_sum", "entropy": "actor/entropy", "length": "response_length/mean",
            "ref_nll": "hacking/ref_nll", "rep3": "hacking/repeated_ngram_share"}
@@ -42,11 +40,11 @@ def rescore(run: Path) -> list[dict]:
             rows = groups.get((step, split))
             if not rows:
                 continue
-            checks = [reviews.gold_checks(r["text"], current_item(r["item"])) for r in rows]
+            now = [rescored(r) for r in rows]
             out[f"{split}_proxy"] = sum(r["proxy"] for r in rows) / len(rows)
-            out[f"{split}_gold"] = sum(all(c.values()) for c in checks) / len(rows)
+            out[f"{split}_gold"] = sum(r["gold"] for r in now) / len(rows)
             if split == "train":
-                failed = Counter(k for c in checks for k, ok in c.items() if not ok)
+                failed = Counter(k for r in now for k in r["failed"])
                 out["train_failed"] = " ".join(f"{k}:{v}" for k, v in failed.most_common())
         for col, key in METRICS.items():
             if step in metrics:
