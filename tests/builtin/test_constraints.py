@@ -115,3 +115,15 @@ def test_data_builtin_task_chooses_the_task_and_its_recipe_loads() -> None:
     assert (cfg.data.builtin_task, cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n) == (
         "constraints", "grpo", 4)
     assert TASK_RECIPES["constraints"] is CONSTRAINTS
+
+
+def test_demo_task_constraints_puts_the_recipe_before_the_users_keys(capsys) -> None:
+    import yaml
+
+    from klguard.commands.cli import main
+
+    assert main(["demo", "--task", "constraints", "--print-config", "actor_rollout_ref.rollout.n=2"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["data"]["builtin_task"] == "constraints"
+    assert cfg["data"]["max_response_length"] == 48  # the recipe's
+    assert cfg["actor_rollout_ref"]["rollout"]["n"] == 2  # the user's key, after the recipe, wins

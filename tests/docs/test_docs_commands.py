@@ -60,6 +60,9 @@ NOT_RUN = {
         "trains SmolLM2-135M-Instruct twice for 40 steps (a step took 31-109 s on one busy core); tests/realmodel "
         "trains the task for two short steps and tests/builtin check the recipe that --task reviews puts before "
         "the overrides",
+    ("docs/real-models.md", "klguard demo --task constraints --out constraints_demo"):
+        "trains SmolLM2-135M-Instruct twice for 40 steps (17-40 s a step on this 2-core machine); tests/builtin "
+        "check the task and the recipe that --task constraints puts before the overrides",
     ("docs/training.md", "klguard train [--config FILE.yaml] [key=value ...]   # verl's dotted overrides"):
         "a synopsis of the commands (brackets mark what is optional), not one to run",
     ("docs/training.md", "klguard train global_profiler.tool=torch 'global_profiler.steps=[3,4]'     "
