@@ -67,12 +67,42 @@ def test_klguards_own_defaults_are_unchanged():
     assert guard.state_dict()["recent"] == {}
 
 
+def decisions(cfg: GuardConfig, lengths: list[float], val: dict[int, float] | None = None) -> list[tuple]:
+    """The warnings and the first rollback (step, kind, rule), as `klguard watch` stops there, and the steps whose
+    length_growth signal was up."""
+    guard, out, up = KLGuard(cfg, total_steps=0), [], []
+    for step, length in enumerate(lengths, start=1):
+        metrics = {"response_length/mean": length}
+        if val and step in val:
+            metrics["val-core/math/acc/mean@1"] = val[step]
+        out += [(a.step, a.kind, a.rule) for a in guard.observe(step, metrics) if a.kind in ("warn", "rollback")]
+        up += [step] if guard.guard_metrics()["guard/hack_length_growth"] else []
+        if out and out[-1][1] == "rollback":
+            break
+    return out, up
+
+
+GROWTH = SWING + SETTLED + [700.0] * 6  # > 1.5 x 300 from step 23 (the median of the last 5)
+
+
 def test_length_growth_is_no_hack_while_validation_holds():
     cfg = external()
-    growth = SWING + SETTLED + [700.0] * 6  # > 1.5 x 300
-    val = {1: 0.40, 20: 0.50, 25: 0.49}  # within val_drop_max (10%) of its best
-    assert stops(cfg, growth, **{"val-core__math__acc__mean@1": [val.get(s) for s in range(1, 27)]}) == []
-    falling = {1: 0.40, 20: 0.50, 25: 0.42}
-    assert stops(cfg, growth, **{"val-core__math__acc__mean@1": [falling.get(s) for s in range(1, 27)]}) == [
-        (25, "rollback", "hacking")]
-    assert stops(cfg, growth) == [(23, "rollback", "hacking")]  # no validation in the log: judged as before
+    assert decisions(cfg, GROWTH, {1: 0.40, 20: 0.50, 25: 0.49}) == ([], [])  # within val_drop_max (10%) of its best
+    # one validation 16% below its best is one noisy score (val_drop's val_patience is 2): no hack yet
+    assert decisions(cfg, GROWTH, {1: 0.40, 20: 0.50, 25: 0.42}) == ([], [])
+
+
+def test_length_growth_is_a_hack_once_validation_has_fallen():
+    cfg = external()
+    fallen, up = decisions(cfg, GROWTH, {1: 0.40, 20: 0.50, 24: 0.42, 25: 0.42})  # two validations in a row 16% below
+    assert up == [25] and fallen == [(25, "rollback", "val_drop")]  # val_drop comes first in the rollback order
+    still, up = decisions(cfg, GROWTH, {1: 0.40, 20: 0.50, 24: 0.46, 25: 0.46})  # two in a row, 8% below: within
+    assert (still, up) == ([], [])
+
+
+def test_length_growth_without_validation_is_advice():
+    cfg = external()
+    assert decisions(cfg, GROWTH) == ([(23, "warn", "length_growth")], [])  # no validation: advise, never stop
+    assert decisions(cfg, SWING + SETTLED + [440.0] * 6) == ([], [])  # under 1.5 x 300: nothing
+    own = external(length_growth_gate=False)  # klguard's own reading: a hacking signal, gated by nothing
+    assert decisions(own, GROWTH) == ([(23, "rollback", "hacking")], [23])
