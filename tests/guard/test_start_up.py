@@ -102,7 +102,8 @@ def test_length_growth_is_a_hack_once_validation_has_fallen():
 
 def test_length_growth_without_validation_is_advice():
     cfg = external()
-    assert decisions(cfg, GROWTH) == ([(23, "warn", "length_growth")], [])  # no validation: advise, never stop
+    # no validation: advise once (the growth of the next 20 steps says no more), never stop
+    assert decisions(cfg, GROWTH + [700.0] * 20) == ([(23, "warn", "length_growth")], [])
     assert decisions(cfg, SWING + SETTLED + [440.0] * 6) == ([], [])  # under 1.5 x 300: nothing
     own = external(length_growth_gate=False)  # klguard's own reading: a hacking signal, gated by nothing
     assert decisions(own, GROWTH) == ([(23, "rollback", "hacking")], [23])

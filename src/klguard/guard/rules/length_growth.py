@@ -40,11 +40,11 @@ def _earned(step: Step) -> bool | None:
 
 
 def _advise(step: Step, length: float, limit: float) -> list[Action]:
-    """A warning, at most once a cooldown: the length grew and nothing in the log can judge it."""
-    st = step.st
-    if not st.ready(NAME, step.step, step.cfg.cooldown):
+    """A warning, once: the length grew and nothing in the log can judge it (the next steps' growth says no more)."""
+    memory = step.memory(NAME)
+    if memory["advised"]:
         return []
-    st.fired(NAME, step.step)
+    memory["advised"] = True
     why = f"response length {length:.3g} is over {limit:.3g}, and {UNJUDGED}."
     return [Action("warn", why, LENGTH, length, limit, None, None, step.step, NAME)]
 
@@ -60,4 +60,4 @@ register(GuardRule(
               "measures it; with no validation logged, advice", external=True)),
     do="read a few long responses: padding or repetition that the reward pays is a hack; raise the KL or cap the "
        "length; log a held-out score to tell reasoning from padding",
-    measure=measure))
+    memory={"advised": False}, measure=measure))
