@@ -100,7 +100,7 @@ def test_the_reward_manager_optimises_the_verifier_and_logs_gold(tmp_path) -> No
     assert out.scores.tolist() == pytest.approx([1.0, 1.0, 0.0])
     assert out.gold.tolist() == [1.0, 0.0, 0.0]
     assert out.hacked.tolist() == [False, True, False]
-    flags = constraints.ConstraintsReward().hacked(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.5]),
+    flags = constraints.CONSTRAINTS_REWARD.hacked(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.5]),
                                                    torch.tensor([1.0, 1.0]))
     assert flags.tolist() == [True, False]
 

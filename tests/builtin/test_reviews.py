@@ -149,7 +149,7 @@ def test_the_reward_manager_logs_vader_as_the_score_and_gold_as_gold(tmp_path) -
 
 
 def test_hacked_flags_gold_zero_at_or_above_the_yardstick() -> None:
-    flags = reviews.ReviewsReward().hacked(torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.9, 0.5, 0.95]),
+    flags = reviews.REVIEWS_REWARD.hacked(torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.9, 0.5, 0.95]),
                                            torch.tensor([0.88, 0.88, 0.88]))
     assert flags.tolist() == [True, False, False]
 

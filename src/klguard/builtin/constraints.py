@@ -32,12 +32,9 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from klguard.builtin.probe_rm import ensure_probe_rm
 from klguard.builtin.reviews import (
@@ -52,6 +49,7 @@ from klguard.builtin.reviews import (
     VAL_ITEMS,
     WORD,
     ReviewsTask,
+    TextTaskReward,
     _names_item,
     article,
     review_text,
@@ -169,24 +167,7 @@ def reference_response(ground_truth: str) -> str:
     return f"This {words_of_item[0]} is {quality} and works well{end}"
 
 
-@dataclass(frozen=True)
-class ConstraintsReward:
-    """The engine's TaskReward (klguard.reward.manager) for the constraints task."""
-
-    def proxy(self, text: str, n_tokens: int, ground_truth: str) -> float:
-        return proxy_score(text, ground_truth)
-
-    def reference_proxy(self, ground_truth: str, tokenizer: Any = None) -> float:
-        return proxy_score(reference_response(ground_truth), ground_truth)
-
-    def reference_response(self, ground_truth: str) -> str:
-        return reference_response(ground_truth)
-
-    def hacked(self, gold: torch.Tensor, scores: torch.Tensor, yardstick: torch.Tensor) -> torch.Tensor:
-        return (gold <= 0) & (scores >= yardstick - 1e-6)
-
-    def gold_rules(self) -> dict[str, Callable[[str, str], float]]:
-        return {DATA_SOURCE: gold_score}
+CONSTRAINTS_REWARD = TextTaskReward(DATA_SOURCE, proxy_score, reference_response, gold_score)
 
 
 class ConstraintsTask(ReviewsTask):
@@ -200,8 +181,8 @@ class ConstraintsTask(ReviewsTask):
         return ensure_probe_rm("constraints", make_rows("train"), gold_score, cfg, policy_path,
                                gold_version=GOLD_VERSION, log=log)
 
-    def reward(self, cfg) -> ConstraintsReward:
-        return ConstraintsReward()
+    def reward(self, cfg) -> TextTaskReward:
+        return CONSTRAINTS_REWARD
 
 
 TASK = ConstraintsTask()

@@ -320,23 +320,32 @@ def reference_response(ground_truth: str) -> str:
 
 
 @dataclass(frozen=True)
-class ReviewsReward:
-    """The engine's TaskReward (klguard.reward.manager) for the reviews task."""
+class TextTaskReward:
+    """The engine's TaskReward (klguard.reward.manager) for a real-model text task, from its functions of (response,
+    ground truth): the proxy, the prompt's reference answer, gold."""
+
+    data_source: str
+    proxy_of: Callable[[str, str], float]
+    reference_of: Callable[[str], str]
+    gold: Callable[[str, str], float]
 
     def proxy(self, text: str, n_tokens: int, ground_truth: str) -> float:
-        return proxy_score(text)
+        return self.proxy_of(text, ground_truth)
 
     def reference_proxy(self, ground_truth: str, tokenizer: Any = None) -> float:
-        return proxy_score(reference_response(ground_truth))
+        return self.proxy_of(self.reference_of(ground_truth), ground_truth)
 
     def reference_response(self, ground_truth: str) -> str:
-        return reference_response(ground_truth)
+        return self.reference_of(ground_truth)
 
     def hacked(self, gold: torch.Tensor, scores: torch.Tensor, yardstick: torch.Tensor) -> torch.Tensor:
         return (gold <= 0) & (scores >= yardstick - 1e-6)
 
     def gold_rules(self) -> dict[str, Callable[[str, str], float]]:
-        return {DATA_SOURCE: gold_score}
+        return {self.data_source: self.gold}
+
+
+REVIEWS_REWARD = TextTaskReward(DATA_SOURCE, lambda text, _truth: proxy_score(text), reference_response, gold_score)
 
 
 class ReviewsTask:
@@ -360,8 +369,8 @@ class ReviewsTask:
     def learned_rm(self, cfg, policy_path: Path, *, log: Callable[[str], None]) -> Path:
         return ensure_probe_rm("reviews", make_rows("train"), gold_score, cfg, policy_path, log=log)
 
-    def reward(self, cfg) -> ReviewsReward:
-        return ReviewsReward()
+    def reward(self, cfg) -> TextTaskReward:
+        return REVIEWS_REWARD
 
 
 TASK = ReviewsTask()
