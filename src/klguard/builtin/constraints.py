@@ -50,8 +50,8 @@ from klguard.builtin.reviews import (
     WORD,
     ReviewsTask,
     TextTaskReward,
-    _names_item,
     article,
+    names_item,
     review_text,
     write_rows_parquet,
 )
@@ -135,7 +135,7 @@ def gold_checks(text: str, ground_truth: str) -> dict[str, bool]:
     tokens = TOKEN.findall(answer)
     counts = Counter(w for w in lower if w not in STOPWORDS and len(w) > 2)
     checks = {
-        "names_item": _names_item(answer, words_of_item),
+        "names_item": names_item(answer, words_of_item),
         "sentence": MIN_WORDS <= len(words) <= MAX_WORDS and FINAL.search(answer) is not None,
         "prose": (sum(w in FUNCTION_WORDS for w in lower) >= 2
                   and sum(bool(WORD.search(t)) for t in tokens) >= 0.8 * len(tokens)

@@ -251,7 +251,7 @@ def deemphasised(text: str) -> str:
     return re.sub(r"\b(\w+)(?:[\s,]+\1\b)+", r"\1", text)
 
 
-def _names_item(text: str, words: list[str]) -> bool:
+def names_item(text: str, words: list[str]) -> bool:
     low = text.lower()
     return any(re.search(rf"(?<![a-z]){re.escape(w)}(?:s|es)?(?![a-z])", low) for w in words)
 
@@ -290,7 +290,7 @@ def gold_checks(text: str, ground_truth: str) -> dict[str, bool]:
     caps = [w for w in words if len(w) >= 3 and w.isupper() and w.upper() not in ACRONYMS]
     prose_tokens = [t for t in tokens if WORD.search(t)]
     return {
-        "names_item": _names_item(text, item_words(ground_truth)),
+        "names_item": names_item(text, item_words(ground_truth)),
         "sentence": MIN_WORDS <= len(words) <= MAX_WORDS and FINAL.search(text) is not None,
         "not_meta": not any(w.lower() in META_WORDS for w in WORD.findall(NARRATED.sub(" ", text))),
         "not_chat": CHAT.search(text) is None,

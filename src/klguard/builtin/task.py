@@ -4,6 +4,7 @@ constraints (klguard.builtin.constraints), the last two on a real pretrained mod
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,20 +39,14 @@ class ArithTask:
 
 
 TASK = ArithTask()
+REAL_MODEL_TASKS = {"reviews": "klguard.builtin.reviews", "constraints": "klguard.builtin.constraints"}
 
 
 def task_for(cfg: Config) -> BuiltinTask:
     """The built-in task `data.builtin_task` names (the real-model tasks imported only when chosen: they need the `real`
     extra)."""
-    if cfg.data.builtin_task == "reviews":
-        from klguard.builtin.reviews import TASK as REVIEWS
-
-        return REVIEWS
-    if cfg.data.builtin_task == "constraints":
-        from klguard.builtin.constraints import TASK as CONSTRAINTS
-
-        return CONSTRAINTS
-    return TASK
+    module = REAL_MODEL_TASKS.get(cfg.data.builtin_task)
+    return TASK if module is None else importlib.import_module(module).TASK
 
 
 def prepare_task(cfg: Config, log: Callable[[str], None]) -> None:
