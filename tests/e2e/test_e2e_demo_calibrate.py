@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 from klguard.commands.cli import main
@@ -23,7 +24,12 @@ def test_demo_trains_both_settings_and_writes_one_comparison(fast_overrides, tmp
         assert [r["step"] for r in rows] == [0, 1, 2, 3]
         if beta is not None:
             assert rows[-1]["actor/reward_kl_penalty_coeff"] == beta
-    assert (out / "report.html").stat().st_size > 10_000
+    report = (out / "report.html").read_text()
+    assert len(report) > 10_000
+    # the samples panel: each run's validation responses (dumped to its validation_generations folder)
+    assert "<h2>Sampled responses</h2>" in report and report.count("<h3>") == 2
+    first = json.loads((out / "verl_default" / "validation_generations" / "0.jsonl").read_text().splitlines()[0])
+    assert html.escape(first["output"]) in report
 
 
 def test_calibrate_sweeps_the_grid_and_recommends_a_target(fast_overrides, tmp_path, capsys):

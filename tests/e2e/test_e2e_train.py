@@ -59,6 +59,31 @@ def test_two_step_run_writes_metrics_checkpoints_and_hf_folders(fast_overrides, 
     assert torch.isfinite(model(ids).logits).all()
 
 
+def test_rollout_and_validation_dumps_hold_every_response_in_verls_fields(fast_overrides, tmp_path):
+    """trainer.rollout_data_dir / validation_data_dir: <dir>/<step>.jsonl, one line per response, verl's fields
+    (input, output, gts, score, step) and the task's gold; what the dump says is what the metrics averaged."""
+    rollouts, validations = tmp_path / "rollouts", tmp_path / "val"
+    code = main(["train", *fast_overrides, "trainer.total_training_steps=2", "trainer.test_freq=2",
+                 "trainer.save_freq=-1", f"trainer.rollout_data_dir={rollouts}",
+                 f"trainer.validation_data_dir={validations}"])
+    assert code == 0
+    assert sorted(p.name for p in rollouts.iterdir()) == ["1.jsonl", "2.jsonl"]
+    assert sorted(p.name for p in validations.iterdir()) == ["0.jsonl", "2.jsonl"]  # before training, at the end
+    records = _records(tmp_path / "run")
+    for step in (1, 2):
+        lines = [json.loads(x) for x in (rollouts / f"{step}.jsonl").read_text().splitlines()]
+        assert len(lines) == 16 * 1  # data.train_batch_size x rollout.n
+        assert {"input", "output", "gts", "score", "step", "prompt", "gold", "hacked"} <= set(lines[0])
+        assert {line["step"] for line in lines} == {step}
+        assert all(line["prompt"] in line["input"] for line in lines)
+        gold = sum(line["gold"] for line in lines) / len(lines)
+        assert gold == pytest.approx(records[step]["hacking/gold_score"], abs=1e-6)
+    val = [json.loads(x) for x in (validations / "2.jsonl").read_text().splitlines()]
+    assert len(val) == 16  # data.builtin_val_size x val_kwargs.n
+    gold = sum(line["gold"] for line in val) / len(val)
+    assert gold == pytest.approx(records[2]["val-core/klguard/arith/acc/mean@1"], abs=1e-6)
+
+
 def test_resume_continues_at_the_right_step_with_the_same_kl_coefficient(fast_overrides, tmp_path):
     adaptive = ["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=50", "algorithm.kl_ctrl.kl_coef=0.1",
                 "trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false"]

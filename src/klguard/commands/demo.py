@@ -34,6 +34,7 @@ def fresh_run_dir(path: Path) -> None:
     log_file.unlink(missing_ok=True)
 
 
+VALIDATION_DUMPS = "validation_generations"  # each run's validation responses, for the report's samples panel
 REPORT_TITLE = "klguard demo: the guarded default vs verl's default KL on a reward-hacking task"
 
 
@@ -52,7 +53,9 @@ def run_demo(config_file: str | None, overrides: Sequence[str], out: str | Path,
     for label, folder, recipe in DEMO_RUNS:
         run_dir = out / folder
         fresh_run_dir(run_dir)
-        jobs.append(Job(label, run_dir, (*overrides, *recipe, "trainer.resume_mode=disable"), steps))
+        jobs.append(Job(label, run_dir, (*overrides, *recipe, "trainer.resume_mode=disable",
+                                         f"trainer.validation_data_dir={(run_dir / VALIDATION_DUMPS).resolve()}"),
+                        steps))
     run_jobs(jobs, parallel=parallel or default_parallel(), config_file=config_file, desc="klguard demo",
              show_progress=show_progress, progress_every=base.trainer.progress_every)
     runs = [load_run(j.run_dir, j.label) for j in jobs]

@@ -197,6 +197,12 @@ class TrainerConfig:
     val_before_train: bool = opt(True, "Validate before the first step")
     test_freq: int = opt(10, "Validate every N steps (-1 = only at the end)", rule=_EVERY)
     critic_warmup: int = opt(0, "Steps that train only the critic")
+    rollout_data_dir: str | None = opt(
+        None, "Write each step's rollouts to <dir>/<step>.jsonl: input, output, gts, score, step, gold (null = off)"
+    )
+    validation_data_dir: str | None = opt(
+        None, "Write each validation's responses to <dir>/<step>.jsonl, as rollout_data_dir (null = off)"
+    )
     default_local_dir: str = opt(
         "checkpoints/${trainer.project_name}/${trainer.experiment_name}", "Run directory"
     )

@@ -17,6 +17,7 @@ from klguard.distributed import data_parallel, even_slice
 from klguard.distributed.fsdp import unsharded
 from klguard.errors import UserError
 from klguard.model.loading import precision_scope
+from klguard.ppo.generations import decode_responses, generation_records, write_generations
 from klguard.ppo.metrics import validation_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
 from klguard.reward.manager import RewardManager, RewardOutput
@@ -27,10 +28,7 @@ def score_rollout(rewards: RewardManager, tokenizer, rows, out: RolloutBatch, *,
                   ) -> RewardOutput:
     """Decode the valid response tokens and score them with the reward manager (`features`: and a reward model's
     last-layer features)."""
-    texts = tokenizer.batch_decode(
-        out.response_ids.masked_fill(out.response_mask == 0, tokenizer.pad_token_id).cpu(),
-        skip_special_tokens=True)
-    return rewards(texts, out.response_lengths.tolist(), [r.data_source for r in rows],
+    return rewards(decode_responses(tokenizer, out), out.response_lengths.tolist(), [r.data_source for r in rows],
                    [r.ground_truth for r in rows], [r.extra_info for r in rows], prompts=[r.raw_prompt for r in rows],
                    features=features)
 
@@ -65,8 +63,9 @@ def reference_scores(ref: torch.nn.Module, rewards: RewardManager, tokenizer, ro
 
 @torch.no_grad()
 def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, val_data: RLDataset, cfg: Config,
-                    device: torch.device) -> dict[str, float]:
-    """Sample `val_kwargs.n` responses per validation prompt; `val-core/...` and `val-aux/...` metrics.
+                    device: torch.device, *, step: int = 0, dump_to: str | None = None) -> dict[str, float]:
+    """Sample `val_kwargs.n` responses per validation prompt; `val-core/...` and `val-aux/...` metrics; with
+    `dump_to`, every response also goes to `<dump_to>/<step>.jsonl` (klguard.ppo.generations).
     Under torchrun each rank generates its share of every batch; all ranks score the gathered batch."""
     kw = cfg.actor_rollout_ref.rollout.val_kwargs
     rows = [val_data[i] for i in range(len(val_data)) for _ in range(kw.n)]
@@ -85,4 +84,7 @@ def validate_policy(model: torch.nn.Module, tokenizer, rewards: RewardManager, v
             out = generate_rows(model, ids.to(device), pmask.to(device), everyone[even_slice(len(part), rank, world)],
                                 everyone, params, generator=gen)
         results.append((part, out, score_rollout(rewards, tokenizer, part, out)))
+    if dump_to:
+        write_generations(dump_to, step, [line for part, out, reward in results
+                                          for line in generation_records(tokenizer, part, out, reward, step)])
     return validation_metrics(results, kw.n)

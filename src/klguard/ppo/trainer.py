@@ -33,6 +33,7 @@ from klguard.distributed.fsdp import local_numel
 from klguard.guard.signals import KL_BATCH_TOKEN_MEAN, KL_UNIT_METRICS
 from klguard.model.loading import load_tokenizer, precision_scope
 from klguard.ppo.checkpointing import Checkpoints
+from klguard.ppo.generations import generation_records, write_generations
 from klguard.ppo.guard_host import PPOHost
 from klguard.ppo.metrics import rollout_metrics, support_metrics
 from klguard.ppo.rollout import RolloutBatch, SamplingParams, generate_rows
@@ -125,6 +126,9 @@ class PPOTrainer:
         started = time.perf_counter()
         sampled = sample(self, timing)  # 1-3. prompts (each rollout.n times), rollouts, scores (klguard.ppo.sampled)
         prompts, out, reward = sampled.prompts, sampled.out, sampled.reward
+        if cfg.trainer.rollout_data_dir and self.dist.is_main:
+            write_generations(cfg.trainer.rollout_data_dir, state.step + 1,
+                              generation_records(self.tokenizer, prompts.rows, out, reward, state.step + 1))
         mask = out.response_mask.float()
         token_scores = token_level_scores(sampled.scores, out.response_lengths, mask)
         ref_logprobs, token_rewards, kl_metrics = None, token_scores, {}
@@ -287,8 +291,10 @@ class PPOTrainer:
         return metrics | {"actor/grad_clip": clip}, nonfinite
 
     def validate(self) -> dict[str, float]:
+        dump_to = self.cfg.trainer.validation_data_dir if self.dist.is_main else None
         with self.generation_weights() as (model, _):
-            return validate_policy(model, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device)
+            return validate_policy(model, self.tokenizer, self.rewards, self.val_data, self.cfg, self.device,
+                                   step=self.state.step, dump_to=dump_to)
 
     # ------------------------------------------------------------------ checks
     def check_ranks(self, step: int, metrics: dict[str, float]) -> None:

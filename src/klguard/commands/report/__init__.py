@@ -9,6 +9,7 @@ from pathlib import Path
 from klguard.commands.report.figures import recorded_panels, training_figure
 from klguard.commands.report.html import events_table, image, page, summary_table
 from klguard.commands.report.runs import RunRecord, load_run
+from klguard.commands.report.samples import samples_section
 
 __all__ = ["RunRecord", "load_run", "write_run_report"]
 
@@ -29,6 +30,9 @@ def write_run_report(runs: Sequence[RunRecord], out: str | Path, title: str = "k
                  + f"<p class=note>{LEGEND}{absent}</p>"),
                 *extra_sections,
                 ("Guard actions", events_table(runs))]
+    samples = samples_section(runs)
+    if samples is not None:
+        sections.insert(-1, ("Sampled responses", samples))
     intro = "Runs: " + ", ".join(f"{r.label} ({_shown_path(r.path, out.parent)})" for r in runs)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(page(title, sections, intro), encoding="utf-8")

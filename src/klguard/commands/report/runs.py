@@ -7,9 +7,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from klguard.errors import UserError
 from klguard.integrations.logs.stores import state_steps, trainer_state_file
 from klguard.integrations.metric_maps import to_klguard_names
+from klguard.ppo.generations import read_generations
 
 VAL_HACKING_SUFFIX = "/hacking_rate/mean@1"
 
@@ -22,6 +25,7 @@ class RunRecord:
     path: Path
     rows: list[dict[str, float]]
     events: list[dict] = field(default_factory=list)
+    generations: dict[int, list[dict]] = field(default_factory=dict)  # validation responses by step, where dumped
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """Steps and finite values of metric ``key`` (a ``val-core/`` prefix picks the first gold metric)."""
@@ -91,7 +95,23 @@ def load_run(path: str | Path, label: str | None = None) -> RunRecord:
         by_step[row["step"]] = row
     events_file = folder / "events.jsonl"
     events = _read_jsonl(events_file) if events_file.is_file() else []
-    return RunRecord(label or folder.name, folder, [by_step[s] for s in sorted(by_step)], events)
+    dumps = validation_dumps(folder)
+    return RunRecord(label or folder.name, folder, [by_step[s] for s in sorted(by_step)], events,
+                     read_generations(dumps) if dumps else {})
+
+
+def validation_dumps(folder: Path) -> Path | None:
+    """The folder a klguard run wrote its validation responses to (`trainer.validation_data_dir` in its
+    config.yaml), where it exists."""
+    config = folder / "config.yaml"
+    if not config.is_file():
+        return None
+    try:
+        trainer = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("trainer") or {}
+    except yaml.YAMLError:
+        return None  # the metrics are what the report needs; a damaged config costs only the samples panel
+    where = trainer.get("validation_data_dir") if isinstance(trainer, dict) else None
+    return Path(where).expanduser() if where and Path(where).expanduser().is_dir() else None
 
 
 def _trl_rows(folder: Path) -> list[dict]:
