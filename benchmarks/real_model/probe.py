@@ -7,8 +7,8 @@ default KL, every scored response recorded, then a per-step table.
 
 The run is `klguard train` on the task (`data.builtin_task=<task>`: klguard's own trainer, SmolLM2's GGUF as the
 policy; the task's recipe in klguard.builtin.recipes sizes it) with verl's default KL (recipes.VERL_DEFAULT:
-fixed 0.001, k1 in the reward, guard off) and GRPO: groups of `--n` responses to `--prompts` prompts a step, one
-optimizer step per batch. Besides metrics.jsonl,
+fixed 0.001, k1 in the reward, guard off; `--base shipped`: klguard's defaults, the guard on) and GRPO: groups of
+`--n` responses to `--prompts` prompts a step, one optimizer step per batch. Besides metrics.jsonl,
 the run directory gets samples.jsonl: every response the reward manager scored (rollouts and validation), with its
 step, prompt, proxy, gold, gold's failed checks and the hacking flag; table.csv: one row per step with the
 metrics NOTES.md quotes.
@@ -68,8 +68,8 @@ def recording_manager(path: Path, val_rows: int, gold_checks):
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    return [*VERL_DEFAULT, *TASK_RECIPES[args.task], f"actor_rollout_ref.rollout.n={args.n}",
-            f"data.train_batch_size={args.prompts}",
+    return [*(VERL_DEFAULT if args.base == "verl" else ()), *TASK_RECIPES[args.task],
+            f"actor_rollout_ref.rollout.n={args.n}", f"data.train_batch_size={args.prompts}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}", f"data.max_response_length={args.tokens}",
             f"actor_rollout_ref.actor.optim.lr={args.lr}", f"trainer.total_training_steps={args.steps}",
             f"trainer.test_freq={args.test_freq}", "trainer.val_before_train=true", "trainer.save_freq=-1",
@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=4, help="rollout.n (GRPO's group)")
     parser.add_argument("--test-freq", type=int, default=5)
     parser.add_argument("--val-n", type=int, default=2, help="sampled responses per validation prompt")
+    parser.add_argument("--base", choices=("verl", "shipped"), default="verl",
+                        help="the KL settings the overrides start from: verl's default (recipes.VERL_DEFAULT) or "
+                             "klguard's as shipped (the guarded default)")
     parser.add_argument("--learned-rm", action="store_true", help="the proxy is the task's learned RM "
                         "(klguard.builtin.probe_rm), not the task's own")
     parser.add_argument("--rm-samples", type=int, default=768, help="proxy_reward.learned_rm.samples")

@@ -1,0 +1,166 @@
+"""The real-model matrix: the constraints task on SmolLM2-135M-Instruct under named KL settings and seeds, every run a
+probe.py run (klguard's own trainer, every scored response recorded), then one results JSON.
+
+    python benchmarks/real_model/matrix.py --contenders verl_default --seeds 1 2 3 4 --out OUT   # trains, in turn
+    python benchmarks/real_model/matrix.py --summarize-only --out OUT     # the JSON and tables of finished runs
+
+Contenders are benchmarks/hacking.py's (verl_default, fixed_<beta>, guarded, guarded_no_gold, ...) plus
+`gold_optimised` (verl's default KL, the gold itself as the reward: `proxy_reward.enable=false`, a healthy run by
+construction). Every run starts from klguard's shipped settings (`probe.py --base shipped`) and applies the
+contender's overrides, so a contender's recipe says all it changes. The proxy is the task's probe reward model
+(`--proxy learned_rm`, fit once and cached) or its verifier (`--proxy verifier`).
+
+Per run (from metrics.jsonl; `signal_onsets.replay`): the validation gold's start, peak and its step, the fall (the
+first validation at least 0.1 below the peak, after it), the final gold, whether it rose then fell (Gao's shape: the
+peak at least 0.1 above the start and the final at least 0.1 below the peak), each gold-free signal's first firing
+with the guard's default thresholds, and the last 5 steps' mean hacking rate, KL per token and response length.
+Per contender: mean final gold with its standard error over seeds, runs with Gao's shape. Over the guard-off runs:
+`signal_onsets.summarize` (fired before the peak, before the fall; false alarms in runs that did not fall). Writes
+benchmarks/results/real_model.json (or `--results`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from hacking import CONTENDERS as HACKING_CONTENDERS  # noqa: E402  (sibling scripts)
+from signal_onsets import FALL, replay, summarize  # noqa: E402
+
+from klguard.builtin.recipes import VERL_DEFAULT  # noqa: E402
+
+CONTENDERS: dict[str, tuple[str, ...]] = {
+    **HACKING_CONTENDERS,
+    "gold_optimised": (*VERL_DEFAULT, "proxy_reward.enable=false"),
+}
+RESULTS = HERE.parent / "results" / "real_model.json"
+TAIL = 5  # rollout figures: the mean of the last TAIL steps
+TAIL_FIGURES = {"hacking_rate": "hacking/rate", "kl_per_token": "actor/reward_kl_penalty",
+                "length": "response_length/mean"}
+
+
+def run_dir(out: Path, contender: str, seed: int) -> Path:
+    return out / contender / f"seed{seed}"
+
+
+def train(args: argparse.Namespace, contender: str, seed: int) -> int:
+    """One probe.py run in its own process (a fresh recorder, the memory returned at the end)."""
+    folder = run_dir(args.out, contender, seed)
+    if (folder / "summary.json").is_file():
+        print(f"{folder}: done, kept")
+        return 0
+    if folder.exists():
+        sys.exit(f"{folder} holds an unfinished run: remove it to train it again")
+    command = [sys.executable, str(HERE / "probe.py"), "--task", "constraints", "--base", "shipped",
+               "--steps", str(args.steps), "--seed", str(seed), "--lr", str(args.lr), "--out", str(folder),
+               *(["--learned-rm"] if args.proxy == "learned_rm" else []), *CONTENDERS[contender], *args.overrides]
+    print(" ".join(command), flush=True)
+    log = folder.with_name(folder.name + ".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as fh:
+        return subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def figures(folder: Path, steps: int) -> dict:
+    """One finished run's figures (see the module's docstring)."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    out = replay(folder / "metrics.jsonl", total_steps=steps)
+    start = next(r for r in rows if r["step"] == 0)
+    out["start_gold"] = next(v for k, v in start.items() if k.startswith("val-core/"))
+    out["gao_shape"] = out["peak_gold"] >= out["start_gold"] + FALL and out["hacks"]
+    for name, key in TAIL_FIGURES.items():
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))][-TAIL:]
+        out[name] = statistics.fmean(values) if values else None
+    out["steps"] = rows[-1]["step"]
+    out["rollbacks"] = _events(folder).count("rollback")
+    out["paused"] = "pause" in _events(folder)
+    return out
+
+
+def _events(folder: Path) -> list[str]:
+    path = folder / "events.jsonl"
+    return [json.loads(line).get("kind") for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def guard_was_off(folder: Path) -> bool:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(folder / "config.yaml").guard.enable is False
+
+
+def summarise(out: Path, steps: int) -> dict:
+    runs, per_contender = {}, {}
+    for summary in sorted(out.glob("*/seed*/summary.json")):
+        folder = summary.parent
+        label = f"{folder.parent.name}/{folder.name}"
+        runs[label] = figures(folder, steps) | {"guard_off": guard_was_off(folder)}
+        per_contender.setdefault(folder.parent.name, []).append(runs[label])
+    contenders = {}
+    for name, found in per_contender.items():
+        finals = [r["final_gold"] for r in found]
+        contenders[name] = {
+            "runs": len(found), "final_gold": statistics.fmean(finals),
+            "final_gold_se": statistics.stdev(finals) / len(finals) ** 0.5 if len(finals) > 1 else None,
+            "best_gold": statistics.fmean(r["peak_gold"] for r in found),
+            "gao_shape": sum(r["gao_shape"] for r in found),
+            "hacking_rate": statistics.fmean(r["hacking_rate"] for r in found),
+        }
+    off = {label: r for label, r in runs.items() if r["guard_off"]}
+    return {"runs": runs, "contenders": contenders, "signals": summarize(off) if off else {}}
+
+
+def print_tables(result: dict) -> None:
+    print("\n| contender | runs | final gold (SE) | peak gold | Gao's shape | hacking rate (last 5) |")
+    print("|---|---|---|---|---|---|")
+    for name, c in result["contenders"].items():
+        se = f" ({c['final_gold_se']:.3f})" if c["final_gold_se"] is not None else ""
+        print(f"| {name} | {c['runs']} | {c['final_gold']:.3f}{se} | {c['best_gold']:.3f} | {c['gao_shape']} of "
+              f"{c['runs']} | {c['hacking_rate']:.2f} |")
+    print("\n| run | start | peak (step) | fall | final | signals (first step) |")
+    print("|---|---|---|---|---|---|")
+    for label, r in result["runs"].items():
+        fired = ", ".join(f"{k} {v}" for k, v in r["onsets"].items() if v is not None) or "none"
+        print(f"| {label} | {r['start_gold']:.3f} | {r['peak_gold']:.3f} ({r['peak_step']}) | {r['fall_step']} | "
+              f"{r['final_gold']:.3f} | {fired} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--contenders", nargs="+", choices=sorted(CONTENDERS), default=["verl_default"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--proxy", choices=("learned_rm", "verifier"), default="learned_rm")
+    parser.add_argument("--out", type=Path, required=True, help="the folder of runs (<contender>/seed<N>)")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--summarize-only", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="more klguard overrides for every run (key=value)")
+    args = parser.parse_args(argv)
+    if not args.summarize_only:
+        for contender in args.contenders:
+            for seed in args.seeds:
+                if train(args, contender, seed):
+                    print(f"{run_dir(args.out, contender, seed)}: failed (see its .log)", file=sys.stderr)
+    result = summarise(args.out, args.steps)
+    if not result["runs"]:
+        sys.exit(f"{args.out}: no finished run (summary.json) under <contender>/seed<N>/")
+    result |= {"task": "constraints", "proxy": args.proxy, "steps": args.steps, "lr": args.lr,
+               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                           "threads": os.environ.get("OMP_NUM_THREADS")}}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=1) + "\n")
+    print_tables(result)
+    print(f"\nwrote {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""benchmarks/real_model/matrix.py's summary on hand-made runs: Gao's shape, tail figures, contenders' means and
+standard errors, the signal table over guard-off runs only; and the command each run trains with."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_model" / "matrix.py"
+_spec = importlib.util.spec_from_file_location("bench_real_model_matrix", _PATH)
+matrix = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = matrix
+_spec.loader.exec_module(matrix)
+
+VAL = "val-core/klguard/constraints/acc/mean@2"
+
+
+def _run(folder: Path, gold: dict[int, float], *, guard: bool = False, hacking: float = 0.2) -> Path:
+    folder.mkdir(parents=True)
+    rows = []
+    for step in range(0, 21):
+        row = {"step": step}
+        if step:
+            row |= {"hacking/rate": hacking, "actor/reward_kl_penalty": 0.01 * step, "response_length/mean": 20.0}
+        if step in gold:
+            row[VAL] = gold[step]
+        rows.append(json.dumps(row))
+    (folder / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    (folder / "summary.json").write_text("{}")
+    (folder / "config.yaml").write_text(f"guard:\n  enable: {str(guard).lower()}\n")
+    return folder
+
+
+def test_gao_shape_needs_a_rise_and_a_fall(tmp_path):
+    _run(tmp_path / "verl_default" / "seed1", {0: 0.05, 10: 0.40, 20: 0.20})  # rose 0.35, fell 0.20: the shape
+    _run(tmp_path / "verl_default" / "seed2", {0: 0.05, 10: 0.40, 20: 0.35})  # rose, did not fall far enough
+    _run(tmp_path / "verl_default" / "seed3", {0: 0.30, 10: 0.35, 20: 0.10})  # fell without a rise of 0.1
+    result = matrix.summarise(tmp_path, steps=20)
+    shapes = {label: r["gao_shape"] for label, r in result["runs"].items()}
+    assert shapes == {"verl_default/seed1": True, "verl_default/seed2": False, "verl_default/seed3": False}
+    c = result["contenders"]["verl_default"]
+    assert c["runs"] == 3 and c["gao_shape"] == 1
+    assert c["final_gold"] == pytest.approx((0.20 + 0.35 + 0.10) / 3)
+    assert c["final_gold_se"] == pytest.approx(0.12583 / 3 ** 0.5, rel=1e-4)  # sample stdev of (0.2, 0.35, 0.1)
+    run = result["runs"]["verl_default/seed1"]
+    assert run["start_gold"] == 0.05 and run["peak_step"] == 10 and run["fall_step"] == 20
+    assert run["kl_per_token"] == pytest.approx(0.01 * (16 + 17 + 18 + 19 + 20) / 5)  # the last 5 steps
+
+
+def test_signals_are_summarised_over_guard_off_runs_only(tmp_path):
+    _run(tmp_path / "verl_default" / "seed1", {0: 0.05, 10: 0.40, 20: 0.20})
+    _run(tmp_path / "guarded_no_gold" / "seed1", {0: 0.05, 10: 0.40, 20: 0.40}, guard=True)
+    result = matrix.summarise(tmp_path, steps=20)
+    assert result["runs"]["guarded_no_gold/seed1"]["guard_off"] is False
+    assert result["signals"]["any"]["hacking_runs"] == 1 and result["signals"]["any"]["healthy_runs"] == 0
+    assert result["contenders"]["guarded_no_gold"]["final_gold_se"] is None  # one seed: no error bar
+
+
+def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp_path, monkeypatch):
+    _run(tmp_path / "verl_default" / "seed1", {0: 0.05, 20: 0.1})
+    (tmp_path / "verl_default" / "seed2").mkdir()  # no summary.json: still training or killed
+    assert list(matrix.summarise(tmp_path, steps=20)["runs"]) == ["verl_default/seed1"]
+    calls = []
+    monkeypatch.setattr(matrix.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or argparse.Namespace(
+        returncode=0))
+    args = argparse.Namespace(out=tmp_path, steps=20, lr=3e-5, proxy="learned_rm", overrides=["x=1"])
+    assert matrix.train(args, "gold_optimised", 3) == 0
+    command = calls[0]
+    assert command[command.index("--base") + 1] == "shipped" and "--learned-rm" in command
+    assert "proxy_reward.enable=false" in command and command[-1] == "x=1"
+    with pytest.raises(SystemExit, match="unfinished run"):
+        matrix.train(args, "verl_default", 2)
+    assert matrix.train(args, "verl_default", 1) == 0 and len(calls) == 1  # finished: kept, not retrained
