@@ -21,6 +21,7 @@ import torch
 
 from klguard.builtin.recipes import TASK_RECIPES
 from klguard.builtin.task import REAL_MODEL_TASKS, task_for
+from klguard.builtin.trl_task import sample_completions
 from klguard.config import load_config
 from klguard.errors import UserError
 from klguard.reward.manager import RewardManager, RewardOutput
@@ -94,27 +95,10 @@ def evaluate_sampled(model, rewards: TaskRewards, *, per_prompt: int = 2, seed: 
                      max_new_tokens: int | None = None) -> dict[str, float]:
     """Held-out figures at temperature 1 (as the policy samples in training): mean gold, hacking rate, proxy and
     response length in tokens over `per_prompt` responses to each validation prompt."""
-    tokenizer = rewards.tokenizer
-    data = task_prompts(rewards.task, tokenizer, split="val")
+    data = task_prompts(rewards.task, rewards.tokenizer, split="val")
     rows = [data[i] for i in range(len(data)) for _ in range(per_prompt)]
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        enc = tokenizer([r["prompt"] for r in rows], add_special_tokens=False, padding=True, return_tensors="pt")
-    finally:
-        tokenizer.padding_side = side
-    torch.manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        out = model.generate(**enc.to(model.device), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=max_new_tokens or rewards.config.data.max_response_length,
-                             pad_token_id=tokenizer.pad_token_id)
-    model.train(was_training)
-    ids = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-        end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
-        ids.append(row[:end])
-    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    ids, texts = sample_completions(model, rewards.tokenizer, [r["prompt"] for r in rows], seed=seed,
+                                    max_new_tokens=max_new_tokens or rewards.config.data.max_response_length)
     scored = rewards.score(texts, ids, [r["ground_truth"] for r in rows], [r["data_source"] for r in rows],
                            [r["messages"] for r in rows])
     return {"gold": float(scored.gold.mean()), "hacking_rate": float(scored.hacked.float().mean()),

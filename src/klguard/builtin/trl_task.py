@@ -54,15 +54,15 @@ def hacking(completions: list[str], completion_ids: list[list[int]], ground_trut
     return [float(flag) for flag in flags]
 
 
-def evaluate_sampled(model, tokenizer, *, n: int = 256, seed: int = 0, max_new_tokens: int = 48) -> dict[str, float]:
-    """Held-out figures at temperature 1 (as the policy samples in training): gold accuracy, hacking rate and mean
-    response length in tokens (EOS included) over ``n`` validation prompts."""
+def sample_completions(model, tokenizer, prompts: list[str], *, seed: int, max_new_tokens: int
+                       ) -> tuple[list[list[int]], list[str]]:
+    """Each prompt's completion at temperature 1 (as the policy samples in training): its token ids up to and
+    including EOS, and its text."""
     import torch
 
-    data = builtin_prompts(tokenizer, n, split="val", seed=seed)
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
-        enc = tokenizer(list(data["prompt"]), add_special_tokens=False, padding=True, return_tensors="pt")
+        enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
     finally:
         tokenizer.padding_side = side
     torch.manual_seed(seed)
@@ -76,7 +76,14 @@ def evaluate_sampled(model, tokenizer, *, n: int = 256, seed: int = 0, max_new_t
     for row in out[:, enc["input_ids"].shape[1]:].tolist():
         end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
         ids.append(row[:end])
-    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return ids, tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+def evaluate_sampled(model, tokenizer, *, n: int = 256, seed: int = 0, max_new_tokens: int = 48) -> dict[str, float]:
+    """Held-out figures at temperature 1 (as the policy samples in training): gold accuracy, hacking rate and mean
+    response length in tokens (EOS included) over ``n`` validation prompts."""
+    data = builtin_prompts(tokenizer, n, split="val", seed=seed)
+    ids, texts = sample_completions(model, tokenizer, list(data["prompt"]), seed=seed, max_new_tokens=max_new_tokens)
     truth = list(data["ground_truth"])
     n_rows = len(texts)
     return {"gold": sum(gold(texts, truth)) / n_rows, "hacking_rate": sum(hacking(texts, ids, truth)) / n_rows,
