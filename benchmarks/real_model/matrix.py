@@ -43,6 +43,7 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
 }
 RESULTS = HERE.parent / "results" / "real_model.json"
 TAIL = 5  # rollout figures: the mean of the last TAIL steps
+SAMPLES = 4  # validation responses kept per run at the gold peak and at the end
 TAIL_FIGURES = {"hacking_rate": "hacking/rate", "kl_per_token": "actor/reward_kl_penalty",
                 "length": "response_length/mean"}
 
@@ -80,9 +81,42 @@ def figures(folder: Path, steps: int) -> dict:
         values = [r[key] for r in rows if isinstance(r.get(key), (int, float))][-TAIL:]
         out[name] = statistics.fmean(values) if values else None
     out["steps"] = rows[-1]["step"]
+    out["samples"] = {"peak": validation_samples(folder, out["peak_step"]),
+                      "final": validation_samples(folder, out["steps"])}
     out["rollbacks"] = _events(folder).count("rollback")
     out["paused"] = "pause" in _events(folder)
     return out
+
+
+def validation_samples(folder: Path, step: int, k: int = SAMPLES) -> list[dict]:
+    """The first `k` validation responses recorded after `step` training steps (probe.py's samples.jsonl), with
+    their proxy, gold and gold's failed checks."""
+    path = folder / "samples.jsonl"
+    if not path.is_file():
+        return []
+    found = []
+    with path.open() as fh:
+        for line in fh:
+            r = json.loads(line)
+            if r["split"] == "val" and r["step"] == step:
+                found.append({k_: r[k_] for k_ in ("prompt", "text", "proxy", "gold", "failed")})
+                if len(found) == k:
+                    break
+    return found
+
+
+def write_figure(out: Path, path: Path) -> None:
+    """klguard report's training curves for the lowest seed of every contender, as one PNG."""
+    from klguard.commands.report import load_run
+    from klguard.commands.report.figures import training_figure
+
+    runs = []
+    for contender in sorted(p for p in out.iterdir() if p.is_dir()):
+        finished = sorted((f.parent for f in contender.glob("seed*/summary.json")), key=lambda d: int(d.name[4:]))
+        if finished:
+            runs.append(load_run(finished[0], f"{contender.name} ({finished[0].name})"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(training_figure(runs))
 
 
 def _events(folder: Path) -> list[str]:
@@ -142,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the folder of runs (<contender>/seed<N>)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--summarize-only", action="store_true")
+    parser.add_argument("--figure", type=Path, help="also write the training curves (one seed per contender) here")
     parser.add_argument("overrides", nargs="*", help="more klguard overrides for every run (key=value)")
     args = parser.parse_args(argv)
     if not args.summarize_only:
@@ -159,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     args.results.write_text(json.dumps(result, indent=1) + "\n")
     print_tables(result)
     print(f"\nwrote {args.results}")
+    if args.figure:
+        write_figure(args.out, args.figure)
+        print(f"wrote {args.figure}")
     return 0
 
 

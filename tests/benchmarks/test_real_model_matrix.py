@@ -76,3 +76,17 @@ def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp
     with pytest.raises(SystemExit, match="unfinished run"):
         matrix.train(args, "verl_default", 2)
     assert matrix.train(args, "verl_default", 1) == 0 and len(calls) == 1  # finished: kept, not retrained
+
+
+def test_validation_samples_and_the_figure(tmp_path):
+    folder = _run(tmp_path / "verl_default" / "seed2", {0: 0.05, 10: 0.40, 20: 0.20})
+    _run(tmp_path / "verl_default" / "seed10", {0: 0.05, 10: 0.40, 20: 0.20})
+    lines = [{"step": s, "split": split, "prompt": "p", "text": f"{split} {s} {i}", "proxy": 1.0, "gold": 0.0,
+              "failed": ["prose"]} for s in (10, 20) for split in ("train", "val") for i in range(6)]
+    (folder / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run = matrix.summarise(tmp_path, steps=20)["runs"]["verl_default/seed2"]
+    assert [x["text"] for x in run["samples"]["peak"]] == [f"val 10 {i}" for i in range(matrix.SAMPLES)]
+    assert run["samples"]["final"][0]["text"] == "val 20 0" and run["samples"]["final"][0]["failed"] == ["prose"]
+    figure = tmp_path / "curves.png"
+    matrix.write_figure(tmp_path, figure)
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
