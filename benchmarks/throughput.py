@@ -9,7 +9,8 @@ seconds, so budget by the machine's load; --only and --no-bf16 run a subset.
 Workloads: random-init Llamas with klguard's character vocabulary, built locally (nothing is
 downloaded but TRL's pip packages): *small* (hidden 384, 6 layers, 6 heads, intermediate 1024) and
 *tiny* (hidden 128, 2 layers, 4 heads, intermediate 256). Every step: 64 rollouts of arithmetic
-prompts (`Q:23+45-7=?A:`), exactly 32 sampled tokens each, one PPO epoch, one mini-batch, 2 threads.
+prompts (`Q:23+45-7=?A:`), exactly 32 sampled tokens each, one PPO epoch, one mini-batch, 2 threads per
+contender (--threads; the committed results: 1, beside another 1-thread job on the 2 cores).
 
 Pairings, equal work (see throughput_klguard.py and throughput_trl.py for the settings):
 - ppo_rm: klguard PPO (actor, critic, reference, a reward model of the same size, KL in the reward)
@@ -171,19 +172,50 @@ def build_assets(work: Path) -> dict:
     return assets
 
 
+LIBRARIES = ("torch", "transformers", "trl", "accelerate", "datasets", "kernels")
+
+
+def pinned(requirements: Path = REQUIREMENTS) -> dict[str, str]:
+    """name -> version of every `name==version` line of requirements-trl.txt."""
+    out = {}
+    for line in requirements.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            out[name.strip().lower()] = version.strip()
+    return out
+
+
+def installed_versions(python: str | Path, names: tuple[str, ...] = LIBRARIES) -> dict[str, str | None]:
+    """The versions `python` has of `names` (None where absent), read with importlib.metadata."""
+    code = ("import json, sys, importlib.metadata as m\n"
+            "def v(n):\n    try:\n        return m.version(n)\n"
+            "    except m.PackageNotFoundError:\n        return None\n"
+            "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    done = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True)
+    return json.loads(done.stdout) if done.returncode == 0 else {}
+
+
+def venv_matches(found: dict[str, str | None], pins: dict[str, str]) -> bool:
+    """Whether every pinned package is installed at its pinned version (torch's local tag, +cpu, ignored)."""
+    return all((found.get(name) or "").split("+", 1)[0] == version for name, version in pins.items())
+
+
 def ensure_trl_venv() -> Path:
-    """benchmarks/.venv-trl with requirements-trl.txt (torch from the local CPU wheel, TRL from PyPI)."""
+    """benchmarks/.venv-trl at requirements-trl.txt's pins (torch the CPU build, TRL and the rest from PyPI);
+    a venv whose versions differ from the pins is brought to them."""
     python = VENV / "bin" / "python"
-    probe = [str(python), "-c", "import trl, torch; assert trl.__version__ == '1.12.0', trl.__version__"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+    pins = pinned()
+    if python.exists() and venv_matches(installed_versions(python, tuple(pins)), pins):
         return python
-    print(f"creating {VENV} from {REQUIREMENTS.name} (once; a few minutes)", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    print(f"installing {REQUIREMENTS.name} into {VENV} (once; a few minutes)", flush=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     log = WORK / "pip-trl.log"
     with open(log, "w") as out:
         done = subprocess.run([str(python), "-m", "pip", "install", "-r", str(REQUIREMENTS)], stdout=out,
                               stderr=subprocess.STDOUT)
-    if done.returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:
+    if done.returncode != 0 or not venv_matches(installed_versions(python, tuple(pins)), pins):
         raise SystemExit(f"installing TRL failed; see {log}")
     return python
 
@@ -460,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpu_count": os.cpu_count(), "threads": args.threads, "platform": platform.platform(),
                     "python": platform.python_version(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "bf16": bf16},
+        # each contender's libraries: klguard runs in this interpreter, TRL in benchmarks/.venv-trl
+        "libraries": {"klguard": installed_versions(sys.executable),
+                      "trl": installed_versions(trl_python) if trl_python else None},
         "load_start": load_start, "matmul_flops_per_s": {"start": mm_start, "peak_used": peak},
         "workloads": assets["workloads"], "prompt_tokens_mean": assets["prompt_tokens_mean"],
         "warmup": warmup, "steps": steps, "results": results, "scaling": None, "complete": False,
@@ -493,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     if scaling:
         print(scaling_table(scaling))
+    for side, versions in report["libraries"].items():
+        if versions:
+            print(f"{side}: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
     print(f"\nload: start {load_start} | end {report['load_end']}; {report['elapsed_s'] / 60:.1f} min; "
           f"wrote {args.out}")
     return 0

@@ -69,12 +69,13 @@ class PhaseTimer:
 class GateCallback(TrainerCallback):
     """Blocks at the start of training and after every step; wraps the optimizer once it exists."""
 
-    def __init__(self, gate: Gate, timer: PhaseTimer) -> None:
+    def __init__(self, gate: Gate, timer: PhaseTimer, **info: object) -> None:
         self.gate, self.timer = gate, timer
+        self.info = {"contender": "trl", **info}  # sent with the ready event (library versions)
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
         optimizer.step = self.timer.wrap(optimizer.step, "update")
-        self.gate.ready(contender="trl")
+        self.gate.ready(**self.info)
         self.timer.take()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -159,7 +160,11 @@ def main() -> None:
     spec = read_spec()
     torch.set_num_threads(spec["threads"])
     gate, timer = Gate(), PhaseTimer()
-    callback = GateCallback(gate, timer)
+    import transformers
+    import trl
+
+    callback = GateCallback(gate, timer, trl=trl.__version__, transformers=transformers.__version__,
+                            torch=torch.__version__)
     tokenizer = AutoTokenizer.from_pretrained(spec["policy"])
     build = build_ppo if spec["algo"] == "ppo" else build_grpo
     build(spec, tokenizer, callback, timer).train()

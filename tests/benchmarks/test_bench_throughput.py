@@ -52,3 +52,20 @@ def test_matmul_params_are_the_linear_weights():
     per_layer = 4 * 384 * 384 + 3 * 384 * 1024
     assert throughput.matmul_params(model) == 6 * per_layer + 23 * 384  # + the LM head, not the embedding
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(10.65e6, rel=0.01)  # the issue's ~10.7M
+
+
+def test_the_trl_venv_is_checked_against_every_pin(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# a comment\ntorch==2.13.0\ntrl==1.12.0  # why\nTransformers==5.25.0\nplain\n")
+    pins = throughput.pinned(requirements)
+    assert pins == {"torch": "2.13.0", "trl": "1.12.0", "transformers": "5.25.0"}
+    found = {"torch": "2.13.0+cpu", "trl": "1.12.0", "transformers": "5.25.0"}
+    assert throughput.venv_matches(found, pins)  # torch's local build tag is not a version change
+    assert not throughput.venv_matches({**found, "transformers": "5.24.0"}, pins)
+    assert not throughput.venv_matches({**found, "trl": None}, pins)
+
+
+def test_installed_versions_reads_this_interpreter():
+    found = throughput.installed_versions(sys.executable, ("torch", "no-such-package-klguard"))
+    assert set(found) == {"torch", "no-such-package-klguard"} and found["no-such-package-klguard"] is None
+    assert found["torch"].split("+")[0] == torch.__version__.split("+")[0]
