@@ -6,9 +6,10 @@ probe.py run (klguard's own trainer, every scored response recorded), then one r
 
 Contenders are benchmarks/hacking.py's (verl_default, fixed_<beta>, guarded, guarded_no_gold, ...) plus
 `gold_optimised` (verl's default KL, the gold itself as the reward: `proxy_reward.enable=false`, a healthy run by
-construction). Every run starts from klguard's shipped settings (`probe.py --base shipped`) and applies the
-contender's overrides, so a contender's recipe says all it changes. The proxy is the task's probe reward model
-(`--proxy learned_rm`, fit once and cached) or its verifier (`--proxy verifier`).
+construction). A run counts once it has logged step `--steps`; a longer one is read up to there. Every run starts
+from klguard's shipped settings (`probe.py --base shipped`) and applies the contender's overrides, so a contender's
+recipe says all it changes. The proxy is the task's probe reward model (`--proxy learned_rm`, fit once and cached) or
+its verifier (`--proxy verifier`).
 
 Per run (from metrics.jsonl; `signal_onsets.replay`): the validation gold's start, peak and its step, the fall (the
 first validation at least 0.1 below the peak, after it), the final gold, whether it rose then fell (Gao's shape: the
@@ -28,6 +29,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -52,10 +54,16 @@ def run_dir(out: Path, contender: str, seed: int) -> Path:
     return out / contender / f"seed{seed}"
 
 
+def reached(folder: Path, steps: int) -> bool:
+    """A run counts once it has logged step `steps` (a longer run is read up to there)."""
+    path = folder / "metrics.jsonl"
+    return path.is_file() and any(json.loads(line).get("step") == steps for line in path.read_text().splitlines())
+
+
 def train(args: argparse.Namespace, contender: str, seed: int) -> int:
     """One probe.py run in its own process (a fresh recorder, the memory returned at the end)."""
     folder = run_dir(args.out, contender, seed)
-    if (folder / "summary.json").is_file():
+    if reached(folder, args.steps):
         print(f"{folder}: done, kept")
         return 0
     if folder.exists():
@@ -72,8 +80,11 @@ def train(args: argparse.Namespace, contender: str, seed: int) -> int:
 
 def figures(folder: Path, steps: int) -> dict:
     """One finished run's figures (see the module's docstring)."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    out = replay(folder / "metrics.jsonl", total_steps=steps)
+    rows = [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if r["step"] <= steps]
+    with tempfile.TemporaryDirectory() as tmp:  # what replay reads: the steps the matrix compares
+        read = Path(tmp) / "metrics.jsonl"
+        read.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out = replay(read, total_steps=steps)
     start = next(r for r in rows if r["step"] == 0)
     out["start_gold"] = next(v for k, v in start.items() if k.startswith("val-core/"))
     out["gao_shape"] = out["peak_gold"] >= out["start_gold"] + FALL and out["hacks"]
@@ -105,16 +116,18 @@ def validation_samples(folder: Path, step: int, k: int = SAMPLES) -> list[dict]:
     return found
 
 
-def write_figure(out: Path, path: Path) -> None:
+def write_figure(out: Path, path: Path, steps: int) -> None:
     """klguard report's training curves for the lowest seed of every contender, as one PNG."""
     from klguard.commands.report import load_run
     from klguard.commands.report.figures import training_figure
 
     runs = []
     for contender in sorted(p for p in out.iterdir() if p.is_dir()):
-        finished = sorted((f.parent for f in contender.glob("seed*/summary.json")), key=lambda d: int(d.name[4:]))
+        finished = sorted((d for d in contender.glob("seed*") if reached(d, steps)), key=lambda d: int(d.name[4:]))
         if finished:
-            runs.append(load_run(finished[0], f"{contender.name} ({finished[0].name})"))
+            run = load_run(finished[0], f"{contender.name} ({finished[0].name})")
+            run.rows = [r for r in run.rows if r["step"] <= steps]
+            runs.append(run)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(training_figure(runs))
 
@@ -132,8 +145,9 @@ def guard_was_off(folder: Path) -> bool:
 
 def summarise(out: Path, steps: int) -> dict:
     runs, per_contender = {}, {}
-    for summary in sorted(out.glob("*/seed*/summary.json")):
-        folder = summary.parent
+    for folder in sorted(f.parent for f in out.glob("*/seed*/metrics.jsonl")):
+        if not reached(folder, steps):
+            continue
         label = f"{folder.parent.name}/{folder.name}"
         runs[label] = figures(folder, steps) | {"guard_off": guard_was_off(folder)}
         per_contender.setdefault(folder.parent.name, []).append(runs[label])
@@ -195,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     print_tables(result)
     print(f"\nwrote {args.results}")
     if args.figure:
-        write_figure(args.out, args.figure)
+        write_figure(args.out, args.figure, args.steps)
         print(f"wrote {args.figure}")
     return 0
 

@@ -63,8 +63,9 @@ def test_signals_are_summarised_over_guard_off_runs_only(tmp_path):
 
 def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp_path, monkeypatch):
     _run(tmp_path / "verl_default" / "seed1", {0: 0.05, 20: 0.1})
-    (tmp_path / "verl_default" / "seed2").mkdir()  # no summary.json: still training or killed
+    (tmp_path / "verl_default" / "seed2").mkdir()  # no metrics yet: still starting, or killed
     assert list(matrix.summarise(tmp_path, steps=20)["runs"]) == ["verl_default/seed1"]
+    assert list(matrix.summarise(tmp_path, steps=25)["runs"]) == []  # a run short of the matrix's length
     calls = []
     monkeypatch.setattr(matrix.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or argparse.Namespace(
         returncode=0))
@@ -78,6 +79,13 @@ def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp
     assert matrix.train(args, "verl_default", 1) == 0 and len(calls) == 1  # finished: kept, not retrained
 
 
+def test_a_longer_run_is_read_up_to_the_matrix_length(tmp_path):
+    folder = _run(tmp_path / "verl_default" / "seed1", {0: 0.05, 10: 0.40, 20: 0.20})
+    (folder / "summary.json").unlink()  # stopped after step 20 of a longer run: no summary
+    run = matrix.summarise(tmp_path, steps=10)["runs"]["verl_default/seed1"]
+    assert (run["steps"], run["final_gold"], run["peak_step"], run["gao_shape"]) == (10, 0.40, 10, False)
+
+
 def test_validation_samples_and_the_figure(tmp_path):
     folder = _run(tmp_path / "verl_default" / "seed2", {0: 0.05, 10: 0.40, 20: 0.20})
     _run(tmp_path / "verl_default" / "seed10", {0: 0.05, 10: 0.40, 20: 0.20})
@@ -88,5 +96,5 @@ def test_validation_samples_and_the_figure(tmp_path):
     assert [x["text"] for x in run["samples"]["peak"]] == [f"val 10 {i}" for i in range(matrix.SAMPLES)]
     assert run["samples"]["final"][0]["text"] == "val 20 0" and run["samples"]["final"][0]["failed"] == ["prose"]
     figure = tmp_path / "curves.png"
-    matrix.write_figure(tmp_path, figure)
+    matrix.write_figure(tmp_path, figure, steps=20)
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
