@@ -222,6 +222,58 @@ def _g(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
+# --- the real model (benchmarks/real_model/matrix.py) ------------------------------------------------------------
+
+def real_model() -> str:
+    data = load("real_model.json")
+    rows = [[label(name), c["runs"], f3(c["final_gold"]) + (f" ({c['final_gold_se']:.3f})" if c["final_gold_se"]
+                                                             is not None else ""),
+             f3(c["best_gold"]), f"{c['gao_shape']} of {c['runs']}", f"{c['hacking_rate']:.2f}"]
+            for name, c in data["contenders"].items()]
+    parts = [table(["contender", "seeds", "final gold (SE)", "peak gold", "rose then fell", "hacking (last 5 steps)"],
+                   rows), ""]
+    runs = []
+    for name, r in data["runs"].items():
+        fired = ", ".join(f"`{k}` {v}" for k, v in sorted(r["onsets"].items(), key=lambda kv: kv[1] or 0)
+                          if v is not None) or "none"
+        runs.append([name, f3(r["start_gold"]), f"{f3(r['peak_gold'])} ({r['peak_step']})", r["fall_step"] or "-",
+                     f3(r["final_gold"]), f"{r['kl_per_token']:.2f}", f"{r['length']:.1f}", fired])
+    parts.append(table(["run", "start gold", "peak gold (step)", "fall (step)", "final gold", "KL per token",
+                        "length", "gold-free signals (first step)"], runs))
+    return "\n".join(parts)
+
+
+def real_model_samples() -> str:
+    data = load("real_model.json")
+    parts, shown = [], set()
+    for name, r in sorted(data["runs"].items(), key=lambda kv: (kv[0].split("/")[0], int(kv[0].split("seed")[-1]))):
+        contender = name.split("/")[0]
+        if contender in shown:  # one seed a contender: its lowest
+            continue
+        shown.add(contender)
+        for when, step in (("peak", r["peak_step"]), ("final", r["steps"])):
+            rows = [[_text_cell(s["prompt"]), _text_cell(s["text"]), f"{s['proxy']:.1f}", f"{s['gold']:.0f}",
+                     ", ".join(s["failed"]) or "-"] for s in r["samples"][when]]
+            parts += [f"**{name}, step {step} ({'the gold peak' if when == 'peak' else 'the end'})**\n",
+                      table(["prompt", "response", "RM score", "gold", "gold's failed checks"], rows), ""]
+    return "\n".join(parts)
+
+
+def _text_cell(text: str) -> str:
+    """A response as a table cell: one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def real_model_signals() -> str:
+    data = load("real_model.json")
+    rows = [[f"`{name}`" if name != "any" else "any of them", f"{s['fired']} / {s['hacking_runs']}",
+             s["at_or_before_peak"], s["before_fall"],
+             f"{_g(s['median_lead_over_peak'])} / {_g(s['median_lead_over_fall'])}",
+             f"{s['false_alarms']} / {s['healthy_runs']}"] for name, s in data["signals"].items()]
+    return table(["signal", "fired / hacking runs", "at or before the peak", "before the fall",
+                  "median lead over peak / fall", "false alarms / healthy runs"], rows)
+
+
 # --- calibration, TRL, throughput, rollout, tensor parallelism, soak ---------------------------------------------
 
 def first_run() -> str:
@@ -521,6 +573,9 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "first_run.md": ("benchmarks/results/first_run.json", first_run),
     "default_grid.md": ("benchmarks/results/first_run.json", default_grid),
     "trl_guard.md": ("benchmarks/results/trl_guard.json", trl_guard),
+    "real_model.md": ("benchmarks/results/real_model.json", real_model),
+    "real_model_samples.md": ("benchmarks/results/real_model.json", real_model_samples),
+    "real_model_signals.md": ("benchmarks/results/real_model.json", real_model_signals),
     "throughput.md": ("benchmarks/results/throughput.json", throughput),
     "scaling.md": ("benchmarks/results/throughput.json", scaling),
     "rollout_speed.md": ("benchmarks/results/rollout_speed.json", rollout_speed),
