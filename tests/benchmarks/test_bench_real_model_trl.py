@@ -1,0 +1,78 @@
+"""benchmarks/real_model_trl.py's contenders and phase bookkeeping (the benchmark itself trains SmolLM2 in two
+trainers for many minutes and is not run here)."""
+
+from __future__ import annotations
+
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))  # the scripts import each other as run from benchmarks/
+    try:
+        import real_model_speed_worker
+        import real_model_trl
+        yield real_model_trl, real_model_speed_worker
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _args(**kw) -> Namespace:
+    return Namespace(**{"threads": 1, "seed": 1, "warmup": 1, "steps": 2, "trl_python": sys.executable, **kw})
+
+
+@pytest.mark.parametrize("variant", ["fp32", "bf16", "lora"])
+def test_klguard_runs_trls_grpo_step(bench, variant):
+    """klguard's side: GRPO in groups of 8 over 8 prompts, 64 tokens always, TRL's KL (k3 loss, beta 0.001, none in
+    the reward); bf16 by autocast; lora is klguard's full fine-tune."""
+    from klguard.config import load_config
+
+    trl_bench, worker = bench
+    (name, _, script, spec), (trl_name, _, trl_script, trl_spec) = trl_bench.specs(variant, _args(), Path("/p"))
+    assert (name, script, trl_name, trl_script) == ("klguard", "real_model_speed_worker.py", "trl",
+                                                    "real_model_trl_worker.py")
+    with pytest.MonkeyPatch.context() as mp:  # the policy's path only: no GGUF needed to read the config
+        mp.setattr("klguard.model.gguf.smollm2_path", lambda: Path("/smollm2"))
+        cfg = load_config(overrides=worker.overrides(spec)).config
+    assert cfg.actor_rollout_ref.rollout.n == trl_spec["n"] == 8
+    assert cfg.data.train_batch_size == trl_spec["prompts"] == 8
+    assert cfg.data.max_response_length == trl_spec["response_length"] == 64
+    assert cfg.actor_rollout_ref.rollout.ignore_eos
+    assert cfg.algorithm.adv_estimator == "grpo" and not cfg.algorithm.use_kl_in_reward
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.use_kl_loss and actor.kl_loss_coef == trl_spec["kl_coef"] and actor.kl_loss_type == "low_var_kl"
+    assert (actor.fsdp_config.dtype == "bfloat16") == (variant == "bf16")
+    micro = trl_spec["micro_batch"]
+    assert actor.ppo_micro_batch_size_per_gpu == cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == micro
+    assert (8 * 8) % micro == 0
+    assert trl_spec["variant"] == variant
+
+
+def test_phases_map_each_trainers_names(bench):
+    trl_bench, _ = bench
+    klguard_step = {"phases": {"gen": 3.0, "ref": 1.0, "reward": 0.1, "update_actor": 5.0, "step": 9.5}}
+    assert trl_bench.phases_of(klguard_step, "klguard") == {"gen": 3.0, "old_logprob": 0.0, "ref": 1.0,
+                                                           "reward": 0.1, "update": 5.0}
+    trl_step = {"phases": {"gen": 4.0, "ref": 1.5, "update": 6.0}}
+    assert trl_bench.phases_of(trl_step, "trl") == {"gen": 4.0, "old_logprob": 0.0, "ref": 1.5, "reward": 0.0,
+                                                   "update": 6.0}
+
+
+def test_the_markdown_table_names_lora_against_full_fine_tuning(bench):
+    trl_bench, _ = bench
+    contender = {"s_per_step": 2.0, "s_per_step_all": [2.0, 2.0], "warmup_s": [3.0], "peak_rss_mib": 100.0,
+                 "phase_s": {p: 0.1 for p in trl_bench.PHASES}, "ready": {"trl": "1.16.0"}}
+    report = {"results": [{"variant": "lora", "trl_s_over_klguard_s": 1.5,
+                           "contenders": {"klguard": contender, "trl": contender}},
+                          {"variant": "bf16", "error": "trl worker exited (code -9)\nmore"}]}
+    lines = trl_bench.markdown(report).splitlines()
+    assert "klguard (full FT: no LoRA)" in lines[2] and "**1.50x**" in lines[2]
+    assert "TRL 1.16.0 GRPOTrainer + LoRA" in lines[3]
+    assert "failed: trl worker exited (code -9)" in lines[4]
+    assert len({line.count("|") for line in lines}) == 1  # every row has the header's columns
