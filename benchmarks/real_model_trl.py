@@ -25,6 +25,7 @@ benchmarks/results/real_model_trl.json (library versions, CPU, threads, load ave
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -45,8 +46,8 @@ PROMPTS, GROUP, RESPONSE_LENGTH, KL_COEF = 8, 8, 64, 0.001
 # killer on this 24 GB machine beside another job); TRL's way down is per_device_train_batch_size with gradient
 # accumulation, klguard's the micro-batch keys, the same work in the same pieces.
 MICRO_BATCH = 16
-PHASES = ("gen", "old_logprob", "ref", "reward", "update", "other")
-VARIANTS = ("fp32", "bf16", "lora")
+PHASES = ("gen", "old_logprob", "ref", "values", "reward", "update", "other")
+VARIANTS = ("fp32", "bf16", "lora", "ppo")
 # klguard's GRPO with TRL's KL: the k3 estimator as a loss term (no KL in the reward), every response its full length
 KLGUARD_GRPO = ["algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
                 f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
@@ -54,8 +55,16 @@ KLGUARD_GRPO = ["algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use
                 f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
                 f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}"]
 # klguard's timing_s/* names -> the table's phases
-KLGUARD_PHASES = {"gen": ("gen",), "old_logprob": ("old_log_prob",), "ref": ("ref",), "reward": ("reward",),
-                  "update": ("update_actor",)}
+KLGUARD_PHASES = {"gen": ("gen",), "old_logprob": ("old_log_prob",), "ref": ("ref",), "values": ("values",),
+                  "reward": ("reward",), "update": ("update_actor", "update_critic")}
+# `ppo`: klguard's PPO (GAE with a critic, verl's default KL in the reward: 0.001, k1) with a reward model of the
+# policy's size against TRL 1.12's trl.experimental.ppo.PPOTrainer (benchmarks/throughput_trl.py in .venv-trl) with a
+# value model and the same reward model; 64 prompts, one rollout each, 64 tokens, micro-batches of 16
+KLGUARD_PPO = ["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.ignore_eos=true",
+               f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
+               f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
+               f"critic.ppo_micro_batch_size_per_gpu={MICRO_BATCH}", "reward_model.enable=true",
+               f"reward_model.micro_batch_size_per_gpu={MICRO_BATCH}"]
 
 
 def policy_folder() -> Path:
@@ -65,8 +74,44 @@ def policy_folder() -> Path:
     return check_model_folder(smollm2_path(), "benchmarks/real_model_trl.py")
 
 
+def reward_model_folder(policy: Path) -> Path:
+    """A sequence-classification model of the policy's size for `ppo`: SmolLM2's body, a one-output head drawn with
+    seed 1 (no trained reward model of this size ships; speed does not depend on its weights)."""
+    out = WORK / "rm"
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        rm = AutoModelForSequenceClassification.from_pretrained(policy, num_labels=1, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    rm.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rm.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def ppo_specs(args, policy: Path) -> list[tuple[str, str, str, dict]]:
+    from klguard.builtin.reviews import write_reviews_parquet
+
+    rm = reward_model_folder(policy)
+    train, _ = write_reviews_parquet(WORK / "data")
+    common = {"threads": args.threads, "response_length": RESPONSE_LENGTH, "micro_batch": MICRO_BATCH,
+              "seed": args.seed, "max_steps": args.warmup + args.steps + 5}
+    klguard = {**common, "name": "klguard-ppo", "src": None, "prompts": PROMPTS * GROUP, "n": 1,
+               "overrides": [*KLGUARD_PPO, f"reward_model.model.path={rm}"],
+               "run_dir": str(WORK / "runs" / "klguard_ppo")}
+    trl = {**common, "algo": "ppo", "reward": "model", "dtype": "fp32", "policy": str(policy), "rm": str(rm),
+           "train": str(train), "rollouts": PROMPTS * GROUP, "run_dir": str(WORK / "runs" / "trl_ppo")}
+    return [("klguard", sys.executable, "real_model_speed_worker.py", klguard),
+            ("trl", args.trl_ppo_python, "throughput_trl.py", trl)]
+
+
 def specs(variant: str, args, policy: Path) -> list[tuple[str, str, str, dict]]:
     """(name, python, script, spec) of the two contenders of a variant."""
+    if variant == "ppo":
+        return ppo_specs(args, policy)
     common = {"threads": args.threads, "prompts": PROMPTS, "n": GROUP, "response_length": RESPONSE_LENGTH,
               "micro_batch": MICRO_BATCH,
               "seed": args.seed, "max_steps": args.warmup + args.steps + 5}
@@ -99,6 +144,13 @@ def summarise(w: Worker, contender: str, warmup: int, ready: dict) -> dict:
             "ready": {k: v for k, v in ready.items() if k != "event"}}
 
 
+def first_to_go(pid: int) -> None:
+    """Make a worker the kernel's first choice when memory runs out (oom_score_adj 1000): on a shared machine a
+    benchmark should die before anyone's training job."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+
+
 def run_variant(variant: str, args, policy: Path) -> dict:
     started = time.perf_counter()
     result: dict = {"variant": variant, "contenders": {}, "load_1min_per_round": []}
@@ -106,6 +158,7 @@ def run_variant(variant: str, args, policy: Path) -> dict:
     try:
         for contender, python, script, spec in specs(variant, args, policy):  # one start-up at a time
             w = Worker(contender, python, script, spec, args.threads)
+            first_to_go(w.proc.pid)
             workers.append((contender, w, w.read("ready")))
         for i in range(args.warmup + args.steps):
             for _, w, _ in workers:
@@ -143,18 +196,18 @@ def table(report: dict) -> str:
                      "trl": f"TRL {c['ready'].get('trl', '')}" + (" LoRA" if r["variant"] == "lora" else "")}[contender]
             ratio = f"{r['trl_s_over_klguard_s']:.2f}x" if contender == "klguard" else ""
             lines.append(f"{r['variant']:<8}{label:<22}{c['s_per_step']:>8.1f}{c['warmup_s'][0]:>9.1f}"
-                         + "".join(f"{c['phase_s'][p]:>9.1f}" for p in PHASES)
+                         + "".join(f"{c['phase_s'].get(p, 0.0):>9.1f}" for p in PHASES)
                          + f"{c['peak_rss_mib']:>9.0f}{ratio:>9}")
     return "\n".join(lines)
 
 
 def markdown(report: dict) -> str:
     """The table docs/benchmarks.md shows: per variant and contender, s/step, phases, peak RSS, the ratio."""
-    lines = ["| variant | contender | s/step (each step) | warm-up s | gen | ref | reward | update | other | "
-             "peak RSS MiB | TRL s / klguard s |", "|---" * 11 + "|"]
+    lines = ["| variant | contender | s/step (each step) | warm-up s | gen | ref | values | reward | update | other | "
+             "peak RSS MiB | TRL s / klguard s |", "|---" * 12 + "|"]
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['variant']} | failed: {r['error'].splitlines()[0]} |" + " |" * 9)
+            lines.append(f"| {r['variant']} | failed: {r['error'].splitlines()[0]} |" + " |" * 10)
             continue
         for contender, c in r["contenders"].items():
             name = ("klguard" + (" (full FT: no LoRA)" if r["variant"] == "lora" else "") if contender == "klguard"
@@ -163,19 +216,22 @@ def markdown(report: dict) -> str:
             p = c["phase_s"]
             ratio = f"**{r['trl_s_over_klguard_s']:.2f}x**" if contender == "klguard" else ""
             lines.append(f"| {r['variant']} | {name} | {c['s_per_step']:.1f} ({each}) | {c['warmup_s'][0]:.1f} | "
-                         f"{p['gen']:.1f} | {p['ref']:.1f} | {p['reward']:.2f} | {p['update']:.1f} | "
+                         f"{p['gen']:.1f} | {p['ref']:.1f} | {p.get('values', 0.0):.1f} | {p['reward']:.2f} | "
+                         f"{p['update']:.1f} | "
                          f"{p['other']:.1f} | {c['peak_rss_mib']:.0f} | {ratio} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--variants", nargs="+", default=["fp32", "bf16", "lora"], choices=VARIANTS)
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per contender (not in the medians)")
     ap.add_argument("--steps", type=int, default=2, help="measured steps per contender")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per contender")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--trl-python", default=sys.executable, help="the interpreter with trl 1.16 (and peft)")
+    ap.add_argument("--trl-ppo-python", default=str(BENCH / ".venv-trl" / "bin" / "python"),
+                    help="the interpreter with trl 1.12 (trl.experimental.ppo), for the ppo variant")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--markdown", action="store_true", help="only print the Markdown table of the --out JSON")
     args = ap.parse_args(argv)

@@ -111,8 +111,10 @@ def build_ppo(spec: dict, tokenizer, callback: GateCallback, timer: PhaseTimer):
         return {"input_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
 
     data = Dataset.from_list([ids(r) for r in read_rows(spec["train"])])
-    config = PPOConfig(**common_args(spec), num_mini_batches=1, num_ppo_epochs=1,
-                       local_rollout_forward_batch_size=spec["rollouts"], response_length=spec["response_length"],
+    micro = spec.get("micro_batch") or spec["rollouts"]  # rollouts per forward (and backward): all unless asked
+    batches = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": spec["rollouts"] // micro}
+    config = PPOConfig(**{**common_args(spec), **batches}, num_mini_batches=1, num_ppo_epochs=1,
+                       local_rollout_forward_batch_size=micro, response_length=spec["response_length"],
                        total_episodes=spec["rollouts"] * spec["max_steps"], num_sample_generations=0, stop_token=None,
                        missing_eos_penalty=None, kl_estimator="k1")
     load = functools.partial(AutoModelForCausalLM.from_pretrained, spec["policy"], dtype=torch.float32)

@@ -56,12 +56,13 @@ def test_klguard_runs_trls_grpo_step(bench, variant):
 
 def test_phases_map_each_trainers_names(bench):
     trl_bench, _ = bench
-    klguard_step = {"phases": {"gen": 3.0, "ref": 1.0, "reward": 0.1, "update_actor": 5.0, "step": 9.5}}
+    klguard_step = {"phases": {"gen": 3.0, "ref": 1.0, "reward": 0.1, "update_actor": 5.0, "update_critic": 2.0,
+                               "values": 0.5, "step": 11.6}}
     assert trl_bench.phases_of(klguard_step, "klguard") == {"gen": 3.0, "old_logprob": 0.0, "ref": 1.0,
-                                                           "reward": 0.1, "update": 5.0}
+                                                           "values": 0.5, "reward": 0.1, "update": 7.0}
     trl_step = {"phases": {"gen": 4.0, "ref": 1.5, "update": 6.0}}
-    assert trl_bench.phases_of(trl_step, "trl") == {"gen": 4.0, "old_logprob": 0.0, "ref": 1.5, "reward": 0.0,
-                                                   "update": 6.0}
+    assert trl_bench.phases_of(trl_step, "trl") == {"gen": 4.0, "old_logprob": 0.0, "ref": 1.5, "values": 0.0,
+                                                   "reward": 0.0, "update": 6.0}
 
 
 def test_the_markdown_table_names_lora_against_full_fine_tuning(bench):
@@ -76,3 +77,24 @@ def test_the_markdown_table_names_lora_against_full_fine_tuning(bench):
     assert "TRL 1.16.0 GRPOTrainer + LoRA" in lines[3]
     assert "failed: trl worker exited (code -9)" in lines[4]
     assert len({line.count("|") for line in lines}) == 1  # every row has the header's columns
+
+
+def test_ppo_runs_a_critic_and_a_reward_model_in_the_same_micro_batches_as_trl(bench, tmp_path):
+    from klguard.config import load_config
+
+    trl_bench, worker = bench
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trl_bench, "reward_model_folder", lambda policy: tmp_path / "rm")
+        mp.setattr(trl_bench, "WORK", tmp_path)
+        (_, _, _, spec), (_, python, script, trl_spec) = trl_bench.specs(
+            "ppo", _args(trl_ppo_python="/venv-trl/python"), Path("/p"))
+        mp.setattr("klguard.model.gguf.smollm2_path", lambda: Path("/smollm2"))
+        cfg = load_config(overrides=worker.overrides(spec)).config
+    assert (python, script) == ("/venv-trl/python", "throughput_trl.py") and trl_spec["algo"] == "ppo"
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.actor_rollout_ref.rollout.n == 1
+    assert cfg.data.train_batch_size == trl_spec["rollouts"] == 64
+    assert cfg.reward_model.enable and cfg.reward_model.model.path == trl_spec["rm"] == str(tmp_path / "rm")
+    micro = trl_spec["micro_batch"]
+    assert cfg.critic.ppo_micro_batch_size_per_gpu == cfg.reward_model.micro_batch_size_per_gpu == micro
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == micro
+    assert cfg.data.max_response_length == trl_spec["response_length"] and cfg.actor_rollout_ref.rollout.ignore_eos
