@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import torch
 from datasets import Dataset
-from throughput_common import Gate, read_spec
-from throughput_trl import GateCallback, PhaseTimer
+from throughput_trl import start_worker, time_grpo_phases
 
 
 def proxy_reward(completions, **kwargs) -> list[float]:
@@ -36,19 +35,11 @@ def proxy_reward(completions, **kwargs) -> list[float]:
 
 
 def main() -> None:
-    spec = read_spec()
-    torch.set_num_threads(spec["threads"])
-    gate, timer = Gate(), PhaseTimer()
-    import transformers
-    import trl
-    from transformers import AutoTokenizer
+    spec, callback, timer, tokenizer = start_worker()
     from trl import GRPOConfig, GRPOTrainer
 
     from klguard.builtin.reviews import make_rows
 
-    callback = GateCallback(gate, timer, trl=trl.__version__, transformers=transformers.__version__,
-                            torch=torch.__version__)
-    tokenizer = AutoTokenizer.from_pretrained(spec["policy"])
     rows = [{"prompt": r["prompt"]} for r in make_rows("train")]
     length = spec["response_length"]
     micro = spec["micro_batch"]  # rollouts per forward/backward; every rollout of a step sampled at once
@@ -70,18 +61,7 @@ def main() -> None:
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[callback],
                           peft_config=peft_config)
 
-    def logps_phase(model, *args, **kwargs) -> str | None:
-        if torch.is_grad_enabled():
-            return None  # inside compute_loss: update
-        # with LoRA the reference is the policy with its adapter off, and one iteration takes no old log-probs
-        return "ref" if peft_config is not None or model is trainer.ref_model else "old_logprob"
-
-    trainer._generate = timer.wrap(trainer._generate, "gen")
-    trainer._calculate_rewards = timer.wrap(trainer._calculate_rewards, "reward")
-    trainer._get_per_token_logps_and_entropies = timer.wrap(trainer._get_per_token_logps_and_entropies, logps_phase)
-    trainer.compute_loss = timer.wrap(trainer.compute_loss, "update")
-    trainer.accelerator.backward = timer.wrap(trainer.accelerator.backward, "update")
-    trainer.accelerator.clip_grad_norm_ = timer.wrap(trainer.accelerator.clip_grad_norm_, "update")
+    time_grpo_phases(trainer, timer, adapter_reference=peft_config is not None)
     callback.info["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     trainer.train()
 

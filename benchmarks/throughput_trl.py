@@ -144,10 +144,18 @@ def build_grpo(spec: dict, tokenizer, callback: GateCallback, timer: PhaseTimer)
     trainer = GRPOTrainer(model=spec["policy"], reward_funcs=arith_reward, args=config,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[callback])
 
+    return time_grpo_phases(trainer, timer)
+
+
+def time_grpo_phases(trainer, timer: PhaseTimer, *, adapter_reference: bool = False):
+    """Times a GRPOTrainer's phases: `_generate` gen, `_calculate_rewards` reward, the log-prob passes outside the
+    loss ref or old_logprob (with `adapter_reference` every such pass is the reference: the policy with its LoRA
+    adapter off, one iteration taking no old log-probs), the loss, backward and clipping update."""
+
     def logps_phase(model, *args, **kwargs) -> str | None:
         if torch.is_grad_enabled():
             return None  # inside compute_loss: update
-        return "ref" if model is trainer.ref_model else "old_logprob"
+        return "ref" if adapter_reference or model is trainer.ref_model else "old_logprob"
 
     trainer._generate = timer.wrap(trainer._generate, "gen")
     trainer._calculate_rewards = timer.wrap(trainer._calculate_rewards, "reward")
@@ -158,16 +166,22 @@ def build_grpo(spec: dict, tokenizer, callback: GateCallback, timer: PhaseTimer)
     return trainer
 
 
-def main() -> None:
+def start_worker() -> tuple[dict, GateCallback, PhaseTimer, object]:
+    """A TRL worker's start: its spec, its torch threads, the gate callback that reports its libraries' versions,
+    the phase timer and the policy's tokenizer."""
     spec = read_spec()
     torch.set_num_threads(spec["threads"])
-    gate, timer = Gate(), PhaseTimer()
     import transformers
     import trl
 
-    callback = GateCallback(gate, timer, trl=trl.__version__, transformers=transformers.__version__,
+    timer = PhaseTimer()
+    callback = GateCallback(Gate(), timer, trl=trl.__version__, transformers=transformers.__version__,
                             torch=torch.__version__)
-    tokenizer = AutoTokenizer.from_pretrained(spec["policy"])
+    return spec, callback, timer, AutoTokenizer.from_pretrained(spec["policy"])
+
+
+def main() -> None:
+    spec, callback, timer, tokenizer = start_worker()
     build = build_ppo if spec["algo"] == "ppo" else build_grpo
     build(spec, tokenizer, callback, timer).train()
 
