@@ -24,6 +24,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 from unittest import mock
 
+import torch
+
 from klguard.builtin import constraints, reviews
 from klguard.builtin.recipes import TASK_RECIPES, VERL_DEFAULT
 
@@ -53,6 +55,9 @@ def recording_manager(path: Path, val_rows: int, gold_checks):
             is_val = len(texts) == val_rows
             if not is_val:
                 RecordingManager.step += 1
+            # with the proxy off the reward is gold itself (no separate gold, nothing the proxy could be hacked by)
+            gold = out.scores if out.gold is None else out.gold
+            hacked = torch.zeros(len(texts), dtype=torch.bool) if out.hacked is None else out.hacked
             with path.open("a") as f:
                 for i, text in enumerate(texts):
                     checks = gold_checks(text, ground_truths[i])
@@ -60,7 +65,7 @@ def recording_manager(path: Path, val_rows: int, gold_checks):
                         "step": RecordingManager.step, "split": "val" if is_val else "train",
                         "prompt": prompts[i][-1]["content"] if prompts else None, "item": ground_truths[i],
                         "text": text, "tokens": int(n_tokens[i]), "proxy": round(float(out.scores[i]), 4),
-                        "gold": float(out.gold[i]), "hacked": bool(out.hacked[i]),
+                        "gold": float(gold[i]), "hacked": bool(hacked[i]),
                         "failed": [k for k, v in checks.items() if not v]}, ensure_ascii=False) + "\n")
             return out
 

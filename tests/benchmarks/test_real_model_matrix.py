@@ -98,3 +98,26 @@ def test_validation_samples_and_the_figure(tmp_path):
     figure = tmp_path / "curves.png"
     matrix.write_figure(tmp_path, figure, steps=20)
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("proxy_on", [True, False])
+def test_the_probe_records_every_scored_response_with_the_proxy_on_or_off(tmp_path, proxy_on):
+    """probe.py's recording reward manager writes one line per response; with the proxy off (gold_optimised) the
+    reward is gold itself and nothing is hacked."""
+    sys.path.insert(0, str(_PATH.parent))
+    import probe
+
+    from klguard.builtin import constraints
+    from klguard.config import load_config
+
+    truth = constraints.encode_truth(("lamp",), [("uses", "quiet"), ("exclaims", None)])
+    cfg = load_config(None, ["data.builtin_task=constraints", f"proxy_reward.enable={str(proxy_on).lower()}"]).config
+    recording = probe.recording_manager(tmp_path / "samples.jsonl", val_rows=99, gold_checks=constraints.gold_checks)
+    manager = recording(cfg, tokenizer=None, task_reward=constraints.TASK.reward(cfg))
+    manager(["This lamp is quiet and bright!", "Quiet!"], [9, 3], [constraints.DATA_SOURCE] * 2, [truth] * 2,
+            [{}] * 2)
+    lines = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["split"], r["gold"]) for r in lines] == [(1, "train", 1.0), (1, "train", 0.0)]
+    assert [r["proxy"] for r in lines] == ([1.0, 1.0] if proxy_on else [1.0, 0.0])
+    assert [r["hacked"] for r in lines] == [False, proxy_on]
+    assert lines[1]["failed"] and not lines[0]["failed"]
