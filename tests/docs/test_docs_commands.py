@@ -74,9 +74,9 @@ NOT_RUN = {
     ("docs/trl.md", "python examples/trl/grpo_real_model.py --task constraints --out trl_real --steps 60"):
         "trains SmolLM2-135M-Instruct through GRPOTrainer twice for 60 steps (minutes a step on 2 cores); "
         "tests/realmodel/test_realmodel_trl.py runs the same script for two short guarded steps",
-    ("docs/real-model.md", "python benchmarks/real_model/matrix.py --contenders verl_default --seeds 1 2 3 4 "
-     "--steps 40 --out OUT \\"):
-        "trains SmolLM2-135M-Instruct four times for 40 steps (about 20-40 minutes a run on 2 cores); "
+    ("docs/real-model.md", "python benchmarks/real_model/matrix.py --contenders verl_default gold_optimised "
+     "guarded_no_gold --seeds 1 2 3 4 \\"):
+        "trains SmolLM2-135M-Instruct twelve times for 40 steps (about 20-40 minutes a run on 2 cores); "
         "tests/benchmarks/test_real_model_matrix.py checks the summary on hand-made runs and the command each run "
         "trains with",
     ("docs/verl.md", "pip install -e '.[verl]'"):
