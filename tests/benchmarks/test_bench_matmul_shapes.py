@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_scripts import import_scripts
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))  # the scripts import each other as run from benchmarks/
-    try:
-        import matmul_shapes
-        import throughput_klguard
-        yield matmul_shapes, throughput_klguard
-    finally:
-        sys.path.remove(str(BENCH))
+    with import_scripts("matmul_shapes", "throughput_klguard") as scripts:
+        yield scripts
 
 
 def test_every_matrix_of_a_layer_in_every_pass(bench):

@@ -9,18 +9,13 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_scripts import import_scripts
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))  # the scripts import each other as run from benchmarks/
-    try:
-        import real_model_speed_worker
-        import real_model_trl
-        yield real_model_trl, real_model_speed_worker
-    finally:
-        sys.path.remove(str(BENCH))
+    with import_scripts("real_model_trl", "real_model_speed_worker") as scripts:
+        yield scripts
 
 
 def _args(**kw) -> Namespace:

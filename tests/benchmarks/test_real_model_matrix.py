@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench_scripts import import_scripts
+
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_model" / "matrix.py"
 _spec = importlib.util.spec_from_file_location("bench_real_model_matrix", _PATH)
 matrix = importlib.util.module_from_spec(_spec)
@@ -104,15 +106,14 @@ def test_validation_samples_and_the_figure(tmp_path):
 def test_the_probe_records_every_scored_response_with_the_proxy_on_or_off(tmp_path, proxy_on):
     """probe.py's recording reward manager writes one line per response; with the proxy off (gold_optimised) the
     reward is gold itself and nothing is hacked."""
-    sys.path.insert(0, str(_PATH.parent))
-    import probe
-
     from klguard.builtin import constraints
     from klguard.config import load_config
 
     truth = constraints.encode_truth(("lamp",), [("uses", "quiet"), ("exclaims", None)])
     cfg = load_config(None, ["data.builtin_task=constraints", f"proxy_reward.enable={str(proxy_on).lower()}"]).config
-    recording = probe.recording_manager(tmp_path / "samples.jsonl", val_rows=99, gold_checks=constraints.gold_checks)
+    with import_scripts("probe", folder=_PATH.parent) as (probe,):
+        recording = probe.recording_manager(tmp_path / "samples.jsonl", val_rows=99,
+                                            gold_checks=constraints.gold_checks)
     manager = recording(cfg, tokenizer=None, task_reward=constraints.TASK.reward(cfg))
     manager(["This lamp is quiet and bright!", "Quiet!"], [9, 3], [constraints.DATA_SOURCE] * 2, [truth] * 2,
             [{}] * 2)
