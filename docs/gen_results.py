@@ -475,7 +475,7 @@ def guard_keys() -> str:
         other = f"`{_shown(key.external)}`" if key is not None and key.has_external else ""
         rows.append([f"`guard.{f.name}`", rule, f"`{_shown(default)}`", other,
                      f.metadata.get("help", "").replace("|", "\\|")])
-    return table(["key", "of", "default", "default on another trainer's model", "what it does (and what measured it)"],
+    return table(["key", "of", "default", "default on a real model", "what it does (and what measured it)"],
                  rows)
 
 
@@ -499,7 +499,7 @@ def guard_rules() -> str:
         if r.active(SimpleNamespace(cfg=own, kl_controlled=True)):
             pass
         elif r.active(SimpleNamespace(cfg=other, kl_controlled=True)):
-            says = f"{r.says(other)} (on another trainer's model; off in klguard's own runs)"
+            says = f"{r.says(other)} (on a real model; off on the built-in demo)"
         else:
             says += " (logged only: off unless guard.hacking_signals names it)" if r.kind == "signal" else " (off)"
         rows.append([f"`{r.name}`", kinds[r.kind], " and ".join(" or ".join(f"`{n}`" for n in group)

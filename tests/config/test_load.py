@@ -83,3 +83,19 @@ def test_every_key_has_a_one_line_description(capsys):
     out = capsys.readouterr().out.splitlines()
     assert "algorithm.gamma = 0.99  # Discount factor" in out
     assert len(out) == len(list(schema_fields()))
+
+
+def test_a_real_model_gets_the_guard_defaults_measured_on_real_models(tmp_path):
+    from klguard.guard.config import EXTERNAL_HOST_DEFAULTS, GuardConfig
+
+    assert EXTERNAL_HOST_DEFAULTS["kl_hard_limit"] != GuardConfig().kl_hard_limit  # else this test shows nothing
+    builtin = load_config().config.guard
+    assert builtin.kl_hard_limit == GuardConfig().kl_hard_limit
+    real = load_config(None, ["actor_rollout_ref.model.path=/models/SmolLM2"]).config.guard
+    for key, value in EXTERNAL_HOST_DEFAULTS.items():
+        assert getattr(real, key) == value, key
+    assert load_config(None, ["data.builtin_task=constraints"]).config.guard == real  # SmolLM2 by the task
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"guard": {"kl_hard_patience": 7}}))
+    mine = load_config(f, ["actor_rollout_ref.model.path=/models/SmolLM2", "guard.kl_hard_limit=0.2"]).config.guard
+    assert (mine.kl_hard_limit, mine.kl_hard_patience) == (0.2, 7)  # the user's file and overrides still win

@@ -1,5 +1,10 @@
 """Build the run's Config: built-in defaults < --config FILE.yaml < dotted `a.b.c=value` overrides.
 
+The guard's built-in defaults were measured on the built-in demo's model; on any other model (a Hugging Face folder
+or GGUF file as actor_rollout_ref.model.path, or the real-model built-in tasks) its thresholds are those measured on
+real models (klguard.guard.config.EXTERNAL_HOST_DEFAULTS, as in the TRL callback, the verl plugin and `klguard
+watch`), below the file and the overrides.
+
 verl keys that klguard does not implement are accepted and reported once, in one warning; keys that
 are neither ours nor verl's are errors that name the key and the closest valid one.
 """
@@ -19,12 +24,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from klguard.config.foreign import VERL_CONFIG_NAMES, PluginFallback, find_foreign, plugin_command
-from klguard.config.schema import Config
+from klguard.config.schema import BUILTIN_MODEL, Config
 from klguard.config.structured import build, omegaconf_schema
 from klguard.config.validate import validate
 from klguard.config.verl_keys import canonical, in_free_form_map, newer_engine_detail, verl_keys
 from klguard.errors import ConfigError
 from klguard.fields import choice_fields, refusal
+from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 
 # Hydra's list of config groups at the top of verl's YAML files: meaningless here.
 _HYDRA_KEYS = ("defaults", "hydra")
@@ -57,15 +63,28 @@ def load_config(config_file: str | Path | None = None, overrides: Sequence[str] 
         raise PluginFallback(*found, plugin_command(overrides, config_file, name, config_path))
     ignored: list[str] = []
     kept_layers = [_filter_known_keys(layer, ignored) for layer in layers]
-    merged = OmegaConf.structured(omegaconf_schema(Config))
     try:
-        for layer in kept_layers:
-            merged = OmegaConf.merge(merged, layer)
+        merged = _merge(kept_layers)
+        if not _on_the_demo_model(merged):  # the file and the overrides still win
+            merged = _merge([{"guard": dict(EXTERNAL_HOST_DEFAULTS)}, *kept_layers])
         config = build(Config, OmegaConf.to_container(merged, resolve=True))
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
     validate(config)
     return LoadedConfig(config=config, ignored_verl_keys=sorted(set(ignored)))
+
+
+def _on_the_demo_model(merged) -> bool:
+    """The built-in demo's 0.35M Llama: the built-in path with the arithmetic task (reviews and constraints put
+    SmolLM2-135M-Instruct there)."""
+    return merged.actor_rollout_ref.model.path == BUILTIN_MODEL and merged.data.builtin_task == "arith"
+
+
+def _merge(layers: list[dict]):
+    merged = OmegaConf.structured(omegaconf_schema(Config))
+    for layer in layers:
+        merged = OmegaConf.merge(merged, layer)
+    return merged
 
 
 def _config_name_feature(config_name: str | None) -> str | None:

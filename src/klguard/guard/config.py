@@ -179,8 +179,9 @@ _add_declared_keys()
 registry.on_register(_add_declared_keys)
 
 EXTERNAL_HOST_DEFAULTS: dict[str, object] = registry.external_defaults()
-"""The guard's defaults where it watches another trainer's model (the TRL callback, the verl plugin, `klguard watch`
-on any log but klguard's own; each key's `external` in its rule's declaration), in place of the built-in task's:
+"""The guard's defaults on any model but the built-in demo's: where it watches another trainer's model (the TRL
+callback, the verl plugin, `klguard watch` on any log but klguard's own) and in klguard's own trainer on a Hugging
+Face model (klguard.config.loader); each key's `external` in its rule's declaration. They replace the built-in task's:
 ``kl_hard_limit`` 0.1 was set on its 0.35M model. Measured on 17 public training logs (docs/watch.md,
 benchmarks/watch_reallogs.py): healthy runs of 0.5B-8B models reach a per-token KL of 0.35 and a single logged step
 of 0.94, while the failing ones hold a KL above 0.5 for many steps (KL blow-up, KL-in-reward collapse, reward

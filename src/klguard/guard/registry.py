@@ -42,8 +42,9 @@ _UNSET = object()
 @dataclass(frozen=True)
 class Key:
     """One `guard.<name>` key: its default, its one-line help, the rule its value obeys, and its default where the
-    guard watches another trainer's model (`external`: the TRL callback, the verl plugin, `klguard watch` on any log
-    but klguard's; klguard.guard.config.EXTERNAL_HOST_DEFAULTS)."""
+    guard watches a model other than the built-in demo's (`external`: the TRL callback, the verl plugin, `klguard
+    watch` on any log but klguard's, klguard's trainer on a Hugging Face model;
+    klguard.guard.config.EXTERNAL_HOST_DEFAULTS)."""
 
     name: str
     default: Any
