@@ -27,7 +27,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from klguard.builtin.recipes import GUARDED_DEFAULT, SEED_RECIPE, VERL_DEFAULT, fixed_coef
+from klguard.builtin.recipes import (
+    GOLD_FREE_TRIGGERS,
+    GUARDED_DEFAULT,
+    NO_GOLD_GUARD,
+    SEED_RECIPE,
+    VERL_DEFAULT,
+    fixed_coef,
+)
 from klguard.builtin.task import prepare_task
 from klguard.commands.demo import fresh_run_dir
 from klguard.commands.report import load_run
@@ -46,8 +53,6 @@ def _controller(kind: str, target: float) -> tuple[str, ...]:
             "algorithm.kl_penalty=low_var_kl", "guard.enable=false")
 
 
-GOLD_FREE_TRIGGERS = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence", "kl_growth",
-                      "rm_spread")
 CONTENDERS: dict[str, tuple[str, ...]] = {
     "verl_default": VERL_DEFAULT,
     "seed_recipe": SEED_RECIPE,
@@ -62,8 +67,7 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     "guarded_gold_free": (*GUARDED_DEFAULT, f"guard.hacking_signals=[{','.join(GOLD_FREE_TRIGGERS)}]"),
     # a user without gold: the guard's validation score is the reward's own score on the held-out prompts, and
     # the gold-free signals act (gold validation still runs, to measure the run; no rule reads it)
-    "guarded_no_gold": (*GUARDED_DEFAULT, "guard.val_metric=val-aux/*/score/*",
-                        f"guard.hacking_signals=[{','.join(GOLD_FREE_TRIGGERS)}]"),
+    "guarded_no_gold": (*GUARDED_DEFAULT, *NO_GOLD_GUARD),
     "verl_default_par": (*VERL_DEFAULT, "reward_model.shaping=par"),  # Fu et al.'s PAR on verl's default KL
     # the guard over the PI controller with k3, target 0.03 (an earlier measurement's best trade-off)
     "guarded_pid": ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.target_kl=0.03",

@@ -60,6 +60,10 @@ NOT_RUN = {
         "trains SmolLM2-135M-Instruct twice for 40 steps (a step took 31-109 s on one busy core); tests/realmodel "
         "trains the task for two short steps and tests/builtin check the recipe that --task reviews puts before "
         "the overrides",
+    ("docs/real-model.md", "klguard demo --task constraints-rm --out constraints_rm_demo"):
+        "trains SmolLM2-135M-Instruct twice for 40 steps against the shipped probe RM; "
+        "tests/realmodel/test_realmodel_reviews.py checks that its recipe finds the shipped head and builds the RM "
+        "from it without sampling",
     ("docs/real-models.md", "klguard demo --task constraints --out constraints_demo"):
         "trains SmolLM2-135M-Instruct twice for 40 steps (17-40 s a step on this 2-core machine); tests/builtin "
         "check the task and the recipe that --task constraints puts before the overrides",

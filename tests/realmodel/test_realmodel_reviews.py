@@ -57,3 +57,60 @@ def test_the_reviews_learned_rm_is_fit_once_and_scores(assets, tmp_path, monkeyp
     scores = ModelReward(cfg, torch.device("cpu"), folder, user=False)(
         [[{"role": "user", "content": "Review a blender in one sentence."}]] * 2, ["A fine blender.", "Nope"])
     assert scores.shape == (2,) and torch.isfinite(scores).all()
+
+
+def test_a_shipped_head_builds_the_rm_without_sampling_and_shipped_false_fits_anew(assets, tmp_path, monkeypatch):
+    import_extra("vaderSentiment", "real")
+    import torch
+    from safetensors.torch import load_file
+
+    from klguard.builtin import probe_rm, reviews
+    from klguard.config import load_config
+
+    overrides = ["data.builtin_task=reviews", "proxy_reward.kind=learned_rm", "data.max_response_length=6",
+                 "proxy_reward.learned_rm.samples=20"]
+    cfg = load_config(None, overrides).config
+    monkeypatch.setenv("KLGUARD_CACHE", str(tmp_path / "fit-here"))
+    fitted = reviews.TASK.learned_rm(cfg, assets.policy, log=print)
+    heads = tmp_path / "heads"
+    head = probe_rm.ship_head(fitted, heads, {"fit_on": {"cpu": "test"}})
+    assert head.name == f"{fitted.name}.safetensors" and set(load_file(head)) == {"score", "audit"}
+    with pytest.raises(ValueError, match="not fit"):  # a folder built from a head is no fit to ship
+        probe_rm.ship_head(probe_rm.build_from_head(assets.policy, head, tmp_path / "x" / fitted.name, print),
+                           heads, {})
+
+    monkeypatch.setattr(probe_rm, "shipped_heads", lambda: heads)
+    monkeypatch.setenv("KLGUARD_CACHE", str(tmp_path / "elsewhere"))  # another machine: an empty cache
+    monkeypatch.setattr(probe_rm, "sample_labelled", lambda *a, **k: pytest.fail("sampled despite a shipped head"))
+    built = reviews.TASK.learned_rm(cfg, assets.policy, log=print)
+    assert built.name == fitted.name
+    for part in ("", "audit"):
+        a = load_file(fitted / part / "model.safetensors")["score.weight"]
+        b = load_file(built / part / "model.safetensors")["score.weight"]
+        assert torch.equal(a, b) and a.abs().sum() > 0
+    metrics = json.loads((built / "rm_metrics.json").read_text())
+    assert metrics["shipped"] == head.name and metrics["samples"] == 20 and metrics["audit"]["samples"] == 20
+
+    refit = load_config(None, [*overrides, "proxy_reward.learned_rm.shipped=false"]).config
+    with pytest.raises(pytest.fail.Exception, match="sampled despite"):  # shipped=false fits, into its own folder
+        reviews.TASK.learned_rm(refit, assets.policy, log=print)
+    assert probe_rm.probe_rm_dir("reviews", refit, assets.policy).name == f"{fitted.name}-local"
+
+
+def test_the_constraints_rm_demo_trains_against_the_shipped_head(smollm2, monkeypatch):
+    """`klguard demo --task constraints-rm` must find the head klguard ships: a change to its recipe or to the cache
+    key would otherwise send every user into a 17-35 minute fit of another proxy."""
+    from klguard.builtin import constraints, probe_rm
+    from klguard.builtin.recipes import TASK_RECIPES
+    from klguard.config import load_config
+
+    cfg = load_config(None, list(TASK_RECIPES["constraints-rm"])).config
+    assert cfg.proxy_reward.kind == "learned_rm" and cfg.actor_rollout_ref.actor.optim.lr == 3e-5
+    assert cfg.guard.val_metric == "val-aux/*/score/*" and "kl_growth" in cfg.guard.hacking_signals  # no gold read
+    policy = constraints.TASK.policy_path(cfg, log=print)
+    name = probe_rm.probe_rm_dir("constraints", cfg, policy, constraints.GOLD_VERSION).name
+    assert probe_rm.shipped_head(name) is not None, f"no shipped head for {name}"
+    monkeypatch.setattr(probe_rm, "sample_labelled", lambda *a, **k: pytest.fail("sampled despite a shipped head"))
+    built = constraints.TASK.learned_rm(cfg, policy, log=print)
+    metrics = json.loads((built / "rm_metrics.json").read_text())
+    assert metrics["shipped"] == f"{name}.safetensors" and metrics["held_out_auc"] == pytest.approx(0.8368, abs=1e-4)

@@ -14,6 +14,14 @@ SEED_RECIPE: tuple[str, ...] = (
     "actor_rollout_ref.actor.use_kl_loss=false", "guard.enable=false",
 )
 GUARDED_DEFAULT: tuple[str, ...] = ()  # `klguard train` as shipped
+# the hacking signals that read no gold: the guard acts on them as on its defaults
+GOLD_FREE_TRIGGERS: tuple[str, ...] = ("length_growth", "length_corr", "entropy_collapse", "proxy_val_divergence",
+                                       "kl_growth", "rm_spread")
+NO_GOLD_GUARD: tuple[str, ...] = (
+    # a user without gold: the guard's validation score is the reward's own score on the held-out prompts and the
+    # gold-free signals act (gold validation still runs, to measure the run; no rule reads it)
+    "guard.val_metric=val-aux/*/score/*", f"guard.hacking_signals=[{','.join(GOLD_FREE_TRIGGERS)}]",
+)
 
 
 def fixed_coef(kl_coef: float) -> tuple[str, ...]:
@@ -43,5 +51,13 @@ CONSTRAINTS: tuple[str, ...] = (
     # the constraints task (klguard.builtin.constraints): the reviews task's sizes and sampling, its own data and gold
     "data.builtin_task=constraints", *REVIEWS[1:],
 )
+CONSTRAINTS_RM: tuple[str, ...] = (
+    # the constraints task against its probe reward model, as docs/real-model.md measures it: the head klguard ships
+    # (fit on 768 of SmolLM2's own samples labelled by gold), lr 3e-5, where verl's default KL hacks it; the guard
+    # reads no gold (a user of a learned RM has none)
+    *CONSTRAINTS, "proxy_reward.kind=learned_rm", "proxy_reward.learned_rm.samples=768",
+    "reward_model.micro_batch_size_per_gpu=32", "actor_rollout_ref.actor.optim.lr=3e-5", *NO_GOLD_GUARD,
+)
 # `klguard demo --task NAME`
-TASK_RECIPES: dict[str, tuple[str, ...]] = {"arith": (), "reviews": REVIEWS, "constraints": CONSTRAINTS}
+TASK_RECIPES: dict[str, tuple[str, ...]] = {"arith": (), "reviews": REVIEWS, "constraints": CONSTRAINTS,
+                                            "constraints-rm": CONSTRAINTS_RM}

