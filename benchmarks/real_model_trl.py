@@ -14,8 +14,9 @@ klguard runs its own `PPOTrainer.fit` (benchmarks/real_model_speed_worker.py), T
 
 Variants, run one after the other, each a pair of worker processes released step by step in turn (A B A B), so both
 see the same load: `fp32`; `bf16` (autocast over fp32 weights on both sides: klguard
-`actor_rollout_ref.actor.fsdp_config.dtype=bfloat16`, TRL `bf16=True`); `lora`: TRL with a peft LoRA (r 16, alpha
-32, all linear layers) against klguard's full fine-tune in fp32, since klguard has no LoRA (the row says so).
+`actor_rollout_ref.actor.fsdp_config.dtype=bfloat16`, TRL `bf16=True`); `lora`: both with LoRA adapters (r 16,
+alpha 32, every linear layer but the output head; klguard `actor_rollout_ref.model.lora_rank=16`, TRL a peft
+LoraConfig) in fp32. Results written before klguard had LoRA name their klguard `lora` row a full fine-tune.
 
 Per contender: median s/step, each measured step, the warm-up step, median seconds per phase (gen, old log-probs,
 ref, reward, update, the rest), peak RSS, and the ratio TRL s / klguard s. Writes
@@ -48,6 +49,9 @@ PROMPTS, GROUP, RESPONSE_LENGTH, KL_COEF = 8, 8, 64, 0.001
 MICRO_BATCH = 16
 PHASES = ("gen", "old_logprob", "ref", "values", "reward", "update", "other")
 VARIANTS = ("fp32", "bf16", "lora", "ppo")
+# the `lora` variant's adapters, TRL's LoraConfig(r=16, lora_alpha=32, target_modules="all-linear") in klguard's keys
+KLGUARD_LORA = ["actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.model.lora_alpha=32",
+                "actor_rollout_ref.model.target_modules=all-linear"]
 # klguard's GRPO with TRL's KL: the k3 estimator as a loss term (no KL in the reward), every response its full length
 KLGUARD_GRPO = ["algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
                 f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
@@ -116,7 +120,8 @@ def specs(variant: str, args, policy: Path) -> list[tuple[str, str, str, dict]]:
               "micro_batch": MICRO_BATCH,
               "seed": args.seed, "max_steps": args.warmup + args.steps + 5}
     klguard = {**common, "name": f"klguard-{variant}", "src": None,
-               "overrides": KLGUARD_GRPO + ([BF16] if variant == "bf16" else []),
+               "overrides": KLGUARD_GRPO + ([BF16] if variant == "bf16" else []) + (KLGUARD_LORA if variant == "lora"
+                                                                                   else []),
                "run_dir": str(WORK / "runs" / f"klguard_{variant}")}
     trl = {**common, "variant": variant, "policy": str(policy), "kl_coef": KL_COEF,
            "run_dir": str(WORK / "runs" / f"trl_{variant}")}
@@ -178,9 +183,16 @@ def run_variant(variant: str, args, policy: Path) -> dict:
         result["contenders"][contender] = summarise(w, contender, args.warmup, ready)
     c = result["contenders"]
     result["trl_s_over_klguard_s"] = c["trl"]["s_per_step"] / c["klguard"]["s_per_step"]
-    result["klguard_note"] = ("klguard has no LoRA: its full fine-tune in fp32" if variant == "lora" else "")
+    result["klguard_lora"] = variant == "lora"
     result["elapsed_s"] = time.perf_counter() - started
     return result
+
+
+def klguard_name(result: dict) -> str:
+    """klguard's row: `lora` results written before klguard had LoRA were its full fine-tune."""
+    if result["variant"] != "lora":
+        return "klguard"
+    return "klguard + LoRA" if result.get("klguard_lora") else "klguard (full FT: no LoRA)"
 
 
 def table(report: dict) -> str:
@@ -192,7 +204,7 @@ def table(report: dict) -> str:
             lines.append(f"{r['variant']:<8}failed: {r['error'].splitlines()[0]}")
             continue
         for contender, c in r["contenders"].items():
-            label = {"klguard": "klguard" + (" (full FT)" if r["variant"] == "lora" else ""),
+            label = {"klguard": klguard_name(r),
                      "trl": f"TRL {c['ready'].get('trl', '')}" + (" LoRA" if r["variant"] == "lora" else "")}[contender]
             ratio = f"{r['trl_s_over_klguard_s']:.2f}x" if contender == "klguard" else ""
             lines.append(f"{r['variant']:<8}{label:<22}{c['s_per_step']:>8.1f}{c['warmup_s'][0]:>9.1f}"
@@ -210,8 +222,8 @@ def markdown(report: dict) -> str:
             lines.append(f"| {r['variant']} | failed: {r['error'].splitlines()[0]} |" + " |" * 10)
             continue
         for contender, c in r["contenders"].items():
-            name = ("klguard" + (" (full FT: no LoRA)" if r["variant"] == "lora" else "") if contender == "klguard"
-                    else f"TRL {c['ready'].get('trl', '')} GRPOTrainer" + (" + LoRA" if r["variant"] == "lora" else ""))
+            lora = " + LoRA" if r["variant"] == "lora" else ""
+            name = klguard_name(r) if contender == "klguard" else f"TRL {c['ready'].get('trl', '')} GRPOTrainer{lora}"
             each = ", ".join(f"{x:.1f}" for x in c["s_per_step_all"])
             p = c["phase_s"]
             ratio = f"**{r['trl_s_over_klguard_s']:.2f}x**" if contender == "klguard" else ""

@@ -25,7 +25,7 @@ def _args(**kw) -> Namespace:
 @pytest.mark.parametrize("variant", ["fp32", "bf16", "lora"])
 def test_klguard_runs_trls_grpo_step(bench, variant):
     """klguard's side: GRPO in groups of 8 over 8 prompts, 64 tokens always, TRL's KL (k3 loss, beta 0.001, none in
-    the reward); bf16 by autocast; lora is klguard's full fine-tune."""
+    the reward); bf16 by autocast; lora with TRL's adapters (r 16, alpha 32, every linear layer but the head)."""
     from klguard.config import load_config
 
     trl_bench, worker = bench
@@ -43,6 +43,9 @@ def test_klguard_runs_trls_grpo_step(bench, variant):
     actor = cfg.actor_rollout_ref.actor
     assert actor.use_kl_loss and actor.kl_loss_coef == trl_spec["kl_coef"] and actor.kl_loss_type == "low_var_kl"
     assert (actor.fsdp_config.dtype == "bfloat16") == (variant == "bf16")
+    model = cfg.actor_rollout_ref.model
+    assert (model.lora_rank, model.lora_alpha, model.target_modules) == (
+        (16, 32, "all-linear") if variant == "lora" else (0, 16, "all-linear"))
     micro = trl_spec["micro_batch"]
     assert actor.ppo_micro_batch_size_per_gpu == cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == micro
     assert (8 * 8) % micro == 0
@@ -60,7 +63,7 @@ def test_phases_map_each_trainers_names(bench):
                                                    "reward": 0.0, "update": 6.0}
 
 
-def test_the_markdown_table_names_lora_against_full_fine_tuning(bench):
+def test_the_markdown_table_names_klguards_lora_row_by_what_it_ran(bench):
     trl_bench, _ = bench
     contender = {"s_per_step": 2.0, "s_per_step_all": [2.0, 2.0], "warmup_s": [3.0], "peak_rss_mib": 100.0,
                  "phase_s": {p: 0.1 for p in trl_bench.PHASES}, "ready": {"trl": "1.16.0"}}
@@ -68,10 +71,12 @@ def test_the_markdown_table_names_lora_against_full_fine_tuning(bench):
                            "contenders": {"klguard": contender, "trl": contender}},
                           {"variant": "bf16", "error": "trl worker exited (code -9)\nmore"}]}
     lines = trl_bench.markdown(report).splitlines()
-    assert "klguard (full FT: no LoRA)" in lines[2] and "**1.50x**" in lines[2]
+    assert "klguard (full FT: no LoRA)" in lines[2] and "**1.50x**" in lines[2]  # a result from before klguard's LoRA
     assert "TRL 1.16.0 GRPOTrainer + LoRA" in lines[3]
     assert "failed: trl worker exited (code -9)" in lines[4]
     assert len({line.count("|") for line in lines}) == 1  # every row has the header's columns
+    report["results"][0]["klguard_lora"] = True
+    assert "| klguard + LoRA |" in trl_bench.markdown(report).splitlines()[2]
 
 
 def test_ppo_runs_a_critic_and_a_reward_model_in_the_same_micro_batches_as_trl(bench, tmp_path):

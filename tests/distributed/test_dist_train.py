@@ -127,3 +127,22 @@ def test_one_process_with_offload_runs_fsdp2_on_a_one_rank_mesh(one_rank, dist_b
     proc = run(TRAIN, [*dist_base, "trainer.total_training_steps=3"], out)  # resumed unsharded
     assert proc.returncode == 0, why(proc)
     same_metrics(one_rank, out, range(3, 4))
+
+
+def test_lora_on_two_ranks_matches_one_rank_resumes_from_its_shards_and_exports(dist_base, tmp_path):
+    """LoRA under FSDP2: frozen base weights and trained adapters sharded together; the DCP checkpoint holds both
+    under their PEFT names and `klguard export` merges them into a plain model."""
+    from klguard.commands.cli import main
+
+    lora = [*dist_base, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"]
+    one = trained(TRAIN, lora, tmp_path / "one")
+    two = trained(TORCHRUN, lora, tmp_path / "two")
+    same_metrics(one, two, range(1, 5))
+    resumed = cut_back(two, tmp_path / "resumed", 2)
+    proc = run(TORCHRUN, lora, resumed)
+    assert proc.returncode == 0, why(proc)
+    same_metrics(one, resumed, range(3, 5))
+    assert main(["export", str(two), str(tmp_path / "hf")]) == 0
+    from safetensors.torch import load_file
+
+    assert not any("lora" in k or "base_layer" in k for k in load_file(tmp_path / "hf" / "model.safetensors"))

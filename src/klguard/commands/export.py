@@ -24,7 +24,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from klguard.errors import UserError
+from klguard.model.hf_load import one_line
 from klguard.model.loading import hf_load
+from klguard.model.lora import add_lora, load_adapted, load_exact, merged_model, saved_lora
 from klguard.runtime.checkpoint import CheckpointManager
 
 KEY = "CHECKPOINT"
@@ -72,22 +74,28 @@ def load_dcp_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 def _model_from_dcp(source: PolicySource) -> torch.nn.Module:
     config = hf_load(AutoConfig.from_pretrained, source.meta, KEY)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    state = load_dcp_state_dict(source.weights)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected:
-        raise UserError(f"{KEY}: {len(unexpected)} tensors do not belong to the model, e.g. {unexpected[0]}")
-    tensors = model.state_dict()
-    loaded = {tensors[k].data_ptr() for k in state}
-    lacking = [k for k in missing if tensors[k].data_ptr() not in loaded]  # a tied copy is not lacking
-    if lacking:
-        raise UserError(f"{KEY}: the checkpoint lacks {len(lacking)} of the model's tensors, e.g. {lacking[0]}")
-    return model
+    adapters = saved_lora(config)
+    if adapters is not None:
+        add_lora(model, adapters)
+    try:
+        load_exact(model, load_dcp_state_dict(source.weights), f"{KEY}={source.weights}")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return model if adapters is None else merged_model(model)
 
 
 def load_policy_for_export(source: PolicySource) -> torch.nn.Module:
+    """The policy as a plain model: a LoRA run's adapters merged into its weights (klguard.model.lora)."""
     if source.layout == "dcp":
         return _model_from_dcp(source)
-    return hf_load(AutoModelForCausalLM.from_pretrained, source.weights, KEY, dtype=torch.float32)
+    config = hf_load(AutoConfig.from_pretrained, source.weights, KEY)
+    adapters = saved_lora(config)
+    if adapters is None:
+        return hf_load(AutoModelForCausalLM.from_pretrained, source.weights, KEY, dtype=torch.float32)
+    try:
+        return merged_model(load_adapted(source.weights, config, adapters))
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{KEY}={source.weights}: {one_line(exc)}") from None
 
 
 def _generation_config(model: torch.nn.Module, tokenizer) -> GenerationConfig:

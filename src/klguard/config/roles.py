@@ -122,6 +122,9 @@ def check_parallel(cfg: Config) -> None:
     if tp > 1 and cfg.reward_model.shaping == "par":
         fail("reward_model.shaping", "par", "is not supported with tensor parallelism (the reference policy would "
              "generate on its tp shards)")
+    if tp > 1 and cfg.actor_rollout_ref.model.lora_rank > 0:
+        fail("actor_rollout_ref.model.lora_rank", cfg.actor_rollout_ref.model.lora_rank, "is not supported with "
+             f"tensor parallelism ({tp_key('actor')}={tp}): set it to 0, or train on FSDP2 alone")
     rollout_tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     if tp > 1 and rollout_tp not in (1, tp):
         fail("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from klguard.algo.kl import KLEstimator
 from klguard.algo.loss import LossAggMode
@@ -59,6 +59,21 @@ class ModelConfig:
         True, "Run each group's identical prompt once in the reference, actor and critic forwards (rollout.n > 1; "
         "the same numbers up to float rounding)"
     )
+    lora_rank: int = opt(0, "LoRA rank of the actor's adapters (PEFT; only they train); 0 = full fine-tuning",
+                         rule=at_least(0))
+    lora_alpha: int = opt(16, "LoRA alpha: the adapters' update is scaled by lora_alpha / lora_rank", rule=positive)
+    target_modules: Any = opt("all-linear", "The linear layers given adapters: all-linear (every linear but the "
+                              "output head), or a list of module names such as [q_proj, v_proj]")
+    exclude_modules: Any = opt(None, "Module names left without adapters (null = none)")
+
+    def check(self, key: str) -> None:
+        for name in ("target_modules", "exclude_modules"):
+            value = getattr(self, name)
+            if name == "exclude_modules" and value is None:
+                continue
+            if not (isinstance(value, str) and value) and not (
+                    isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+                fail(f"{key}.{name}", value, "must be a module name or a list of them")
 
 
 @dataclass

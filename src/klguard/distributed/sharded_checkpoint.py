@@ -76,12 +76,15 @@ def load_weights(model: torch.nn.Module, folder: Path | None, fresh: Callable[[]
         load_full_state(model, fresh().state_dict())
 
 
-def copy_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
-    """`dst` takes `src`'s weights (sharded or not, on any meshes)."""
-    if not is_sharded(src) and not is_sharded(dst):
+def copy_weights(src: torch.nn.Module, dst: torch.nn.Module,
+                 convert: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> None:
+    """`dst` takes `src`'s weights (sharded or not, on any meshes); `convert` maps `src`'s full state dict to
+    `dst`'s names (a LoRA actor's merged weights into a plain reference)."""
+    if not is_sharded(src) and not is_sharded(dst) and convert is None:
         dst.load_state_dict(src.state_dict())
         return
-    load_full_state(dst, get_model_state_dict(src, options=FULL))
+    state = get_model_state_dict(src, options=FULL) if is_sharded(src) else src.state_dict()
+    load_full_state(dst, convert(state) if convert is not None else state)
 
 
 def _by_name(model: torch.nn.Module, state: dict) -> dict:

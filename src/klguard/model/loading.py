@@ -16,6 +16,7 @@ from klguard.config.schema import Config
 from klguard.errors import UserError
 from klguard.model.gguf import gguf_source, resolve_gguf
 from klguard.model.hf_load import hf_load, one_line
+from klguard.model.lora import add_lora, load_adapted, lora_settings, merged_model, saved_lora
 
 
 def check_model_folder(path: str | Path, key: str, *, tokenizer: bool = False) -> Path:
@@ -119,14 +120,37 @@ def load_policy(path: Path, cfg: Config, *, trainable: bool, device: torch.devic
     key = "actor_rollout_ref.model.path"
     config = hf_config(path, model_cfg.override_config, model_cfg.trust_remote_code, key)
     check_architecture(config, CAUSAL_LM_HEADS, key, path, "causal language model")
-    model = hf_load(AutoModelForCausalLM.from_pretrained, path, key, config=config, dtype=torch.float32,
-                    trust_remote_code=model_cfg.trust_remote_code).to(device)
+    wanted = lora_settings(model_cfg) if trainable else None
+    model = _load_causal_lm(path, config, key, model_cfg.trust_remote_code, keep_adapters=wanted)
+    if wanted is not None and saved_lora(model.config) is None:
+        try:
+            add_lora(model, wanted, seed=cfg.trainer.seed)
+        except ValueError as exc:
+            raise UserError(f"actor_rollout_ref.model.{exc}") from None
+    model = model.to(device)
     if trainable and model_cfg.enable_gradient_checkpointing:
         enable_checkpointing(model)
+        if wanted is not None:  # frozen embeddings: a reentrant checkpoint would give the adapters no gradient
+            model.enable_input_require_grads()
     if not trainable:
         model.requires_grad_(False)
     model.train(trainable)
     return apply_precision(model, cfg.actor_rollout_ref.actor.fsdp_config.dtype, device)
+
+
+def _load_causal_lm(path: Path, config, key: str, trust_remote_code: bool, *,
+                    keep_adapters: dict | None) -> torch.nn.Module:
+    """The causal LM in `path`. A folder a LoRA run saved (klguard.model.lora) is rebuilt with its adapters when
+    `keep_adapters` are the same settings (a resume or rollback), else merged into a plain model."""
+    saved = saved_lora(config)
+    if saved is None:
+        return hf_load(AutoModelForCausalLM.from_pretrained, path, key, config=config, dtype=torch.float32,
+                       trust_remote_code=trust_remote_code)
+    try:
+        adapted = load_adapted(path, config, saved)
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{key}={path}: {one_line(exc)}") from None
+    return adapted if keep_adapters == saved else merged_model(adapted)
 
 
 def load_critic(policy_path: Path, cfg: Config, *, device: torch.device,

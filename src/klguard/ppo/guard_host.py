@@ -10,12 +10,14 @@ writes and prints them.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klguard.config.roles import kl_setup
 from klguard.distributed.sharded_checkpoint import copy_weights
 from klguard.guard import GuardSession, HostKeys
+from klguard.model.lora import merged_state_dict, saved_lora
 from klguard.runtime.events import append_event
 
 if TYPE_CHECKING:
@@ -131,7 +133,9 @@ class PPOHost:
     def reanchor_reference(self, step: int) -> None:
         if self.state.ref is None:
             return
-        copy_weights(self.state.actor, self.state.ref)
+        adapters = saved_lora(self.state.actor.config)
+        copy_weights(self.state.actor, self.state.ref,
+                     convert=None if adapters is None else partial(merged_state_dict, settings=adapters))
         self.log(f"klguard: the reference is now the policy of step {step}")
 
     def pause(self, reason: str) -> None:
