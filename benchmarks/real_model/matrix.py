@@ -3,6 +3,7 @@ probe.py run (klguard's own trainer, every scored response recorded), then one r
 
     python benchmarks/real_model/matrix.py --contenders verl_default --seeds 1 2 3 4 --out OUT   # trains, in turn
     python benchmarks/real_model/matrix.py --summarize-only --out OUT     # the JSON and tables of finished runs
+    python benchmarks/real_model/matrix.py --contenders fixed_0.1 --seeds 2 --out OUT --add   # more seeds, added
 
 Contenders are benchmarks/hacking.py's (verl_default, fixed_<beta>, guarded, guarded_no_gold, ...) plus
 `gold_optimised` (verl's default KL, the gold itself as the reward: `proxy_reward.enable=false`, a healthy run by
@@ -23,6 +24,7 @@ benchmarks/results/real_model.json (or `--results`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -144,13 +146,18 @@ def guard_was_off(folder: Path) -> bool:
 
 
 def summarise(out: Path, steps: int) -> dict:
-    runs, per_contender = {}, {}
+    runs = {}
     for folder in sorted(f.parent for f in out.glob("*/seed*/metrics.jsonl")):
-        if not reached(folder, steps):
-            continue
-        label = f"{folder.parent.name}/{folder.name}"
-        runs[label] = figures(folder, steps) | {"guard_off": guard_was_off(folder)}
-        per_contender.setdefault(folder.parent.name, []).append(runs[label])
+        if reached(folder, steps):
+            runs[f"{folder.parent.name}/{folder.name}"] = figures(folder, steps) | {"guard_off": guard_was_off(folder)}
+    return combine(runs)
+
+
+def combine(runs: dict[str, dict]) -> dict:
+    """Per contender (the label's first part) and over the guard-off runs, from per-run figures."""
+    per_contender: dict[str, list[dict]] = {}
+    for label, record in runs.items():
+        per_contender.setdefault(label.split("/")[0], []).append(record)
     contenders = {}
     for name, found in per_contender.items():
         finals = [r["final_gold"] for r in found]
@@ -163,6 +170,27 @@ def summarise(out: Path, steps: int) -> dict:
         }
     off = {label: r for label, r in runs.items() if r["guard_off"]}
     return {"runs": runs, "contenders": contenders, "signals": summarize(off) if off else {}}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what the platform says."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def load_results(path: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """The runs of an earlier results file of the same task, proxy, length and lr (a run recorded before runs carried
+    their machine gets the file's)."""
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    for key in ("proxy", "steps", "lr"):
+        if earlier.get(key) != getattr(args, key):
+            sys.exit(f"{path}: its runs have {key}={earlier.get(key)}, these {getattr(args, key)}: not one matrix")
+    return {label: {"machine": earlier.get("machine"), **record} for label, record in earlier["runs"].items()}
 
 
 def print_tables(result: dict) -> None:
@@ -190,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the folder of runs (<contender>/seed<N>)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--summarize-only", action="store_true")
+    parser.add_argument("--add", action="store_true", help="add these runs to the results file's (a run of the "
+                        "same label replaces its record) instead of writing them alone: seeds trained in other "
+                        "sessions or on other machines, each run with its machine")
     parser.add_argument("--figure", type=Path, help="also write the training curves (one seed per contender) here")
     parser.add_argument("overrides", nargs="*", help="more klguard overrides for every run (key=value)")
     args = parser.parse_args(argv)
@@ -201,9 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     result = summarise(args.out, args.steps)
     if not result["runs"]:
         sys.exit(f"{args.out}: no finished run (summary.json) under <contender>/seed<N>/")
-    result |= {"task": "constraints", "proxy": args.proxy, "steps": args.steps, "lr": args.lr,
-               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                           "threads": os.environ.get("OMP_NUM_THREADS")}}
+    machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS")}
+    for record in result["runs"].values():
+        record["machine"] = machine
+    if args.add:
+        result = combine(load_results(args.results, args) | result["runs"])
+    result |= {"task": "constraints", "proxy": args.proxy, "steps": args.steps, "lr": args.lr}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=1) + "\n")
     print_tables(result)

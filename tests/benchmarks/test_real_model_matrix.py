@@ -122,3 +122,23 @@ def test_the_probe_records_every_scored_response_with_the_proxy_on_or_off(tmp_pa
     assert [r["proxy"] for r in lines] == ([1.0, 1.0] if proxy_on else [1.0, 0.0])
     assert [r["hacked"] for r in lines] == [False, proxy_on]
     assert lines[1]["failed"] and not lines[0]["failed"]
+
+
+def test_add_puts_new_seeds_beside_the_results_files_runs(tmp_path):
+    results = tmp_path / "real_model.json"
+    _run(tmp_path / "a" / "verl_default" / "seed1", {0: 0.05, 10: 0.40, 20: 0.20})
+    assert matrix.main(["--summarize-only", "--steps", "20", "--out", str(tmp_path / "a"),
+                        "--results", str(results)]) == 0
+    _run(tmp_path / "b" / "verl_default" / "seed2", {0: 0.05, 10: 0.40, 20: 0.35})
+    _run(tmp_path / "b" / "verl_default" / "seed1", {0: 0.05, 10: 0.30, 20: 0.10})  # the same label: replaces
+    assert matrix.main(["--summarize-only", "--add", "--steps", "20", "--out", str(tmp_path / "b"),
+                        "--results", str(results)]) == 0
+    merged = json.loads(results.read_text())
+    assert sorted(merged["runs"]) == ["verl_default/seed1", "verl_default/seed2"]
+    assert merged["runs"]["verl_default/seed1"]["final_gold"] == 0.10
+    assert merged["contenders"]["verl_default"]["runs"] == 2
+    assert merged["contenders"]["verl_default"]["final_gold"] == pytest.approx((0.10 + 0.35) / 2)
+    assert all(r["machine"]["cores"] for r in merged["runs"].values())
+    with pytest.raises(SystemExit, match=r"lr=3e-05, these 0\.0001: not one matrix"):
+        matrix.main(["--summarize-only", "--add", "--steps", "20", "--lr", "1e-4", "--out", str(tmp_path / "b"),
+                     "--results", str(results)])
