@@ -35,8 +35,10 @@ LABELS = {
     "guarded_warmup0": "looser guard (row above) + beta 0 for the first 20% of steps",
     "guarded_gold_free": "klguard default + `kl_growth` acting",
     "guarded_no_gold": "klguard default, no rule reads gold (guard.val_metric: the RM score)",
-    "guarded_no_gold_demo_defaults": "klguard default, no rule reads gold, the built-in demo's guard thresholds "
-                                     "(kl_hard 0.1 at once)",
+    "guarded_no_gold_no_ckpt": "klguard default, no rule reads gold, no checkpoints (`trainer.save_freq=-1`: every "
+                               "rollback returns to the start)",
+    "guarded_no_gold_demo_defaults": "klguard default, no rule reads gold, no checkpoints, the built-in demo's guard "
+                                     "thresholds (kl_hard 0.1 at once)",
     "guarded_pid": "klguard default over pid, k3, target 0.03",
     "verl_default_par": "verl default + PAR shaping",
     "guarded_loose": "looser guard: re-anchoring at every rollback, targets within 1.2x length, one validation",

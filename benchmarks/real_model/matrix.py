@@ -72,12 +72,23 @@ def train(args: argparse.Namespace, contender: str, seed: int) -> int:
         sys.exit(f"{folder} holds an unfinished run: remove it to train it again")
     command = [sys.executable, str(HERE / "probe.py"), "--task", "constraints", "--base", "shipped",
                "--steps", str(args.steps), "--seed", str(seed), "--lr", str(args.lr), "--out", str(folder),
-               *(["--learned-rm"] if args.proxy == "learned_rm" else []), *CONTENDERS[contender], *args.overrides]
+               *(["--learned-rm"] if args.proxy == "learned_rm" else []), *CONTENDERS[contender],
+               *checkpointing(CONTENDERS[contender]), *args.overrides]
     print(" ".join(command), flush=True)
     log = folder.with_name(folder.name + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
         return subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def checkpointing(recipe: tuple[str, ...]) -> list[str]:
+    """A guarded run checkpoints as klguard ships (`trainer.save_freq`), so a rollback can return to a stable
+    checkpoint instead of the initial policy; a guard-off run never rolls back and saves none (probe.py's -1)."""
+    if "guard.enable=false" in recipe:
+        return []
+    from klguard.config import load_config
+
+    return [f"trainer.save_freq={load_config().config.trainer.save_freq}"]
 
 
 def figures(folder: Path, steps: int) -> dict:

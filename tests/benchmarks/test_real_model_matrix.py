@@ -79,6 +79,9 @@ def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp
     with pytest.raises(SystemExit, match="unfinished run"):
         matrix.train(args, "verl_default", 2)
     assert matrix.train(args, "verl_default", 1) == 0 and len(calls) == 1  # finished: kept, not retrained
+    assert not any(a.startswith("trainer.save_freq=") for a in command)  # guard off: never rolls back, saves none
+    assert matrix.train(args, "guarded_no_gold", 1) == 0
+    assert calls[1][-2:] == ["trainer.save_freq=10", "x=1"]  # guarded: rollbacks need klguard's checkpoints
 
 
 def test_a_longer_run_is_read_up_to_the_matrix_length(tmp_path):
