@@ -24,9 +24,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from klguard.errors import UserError
-from klguard.model.hf_load import one_line
-from klguard.model.loading import hf_load
-from klguard.model.lora import add_lora, load_adapted, load_exact, merged_model, saved_lora
+from klguard.model.loading import hf_load, load_causal_lm
+from klguard.model.lora import add_lora, load_exact, merged_model, saved_lora
 from klguard.runtime.checkpoint import CheckpointManager
 
 KEY = "CHECKPOINT"
@@ -89,13 +88,7 @@ def load_policy_for_export(source: PolicySource) -> torch.nn.Module:
     if source.layout == "dcp":
         return _model_from_dcp(source)
     config = hf_load(AutoConfig.from_pretrained, source.weights, KEY)
-    adapters = saved_lora(config)
-    if adapters is None:
-        return hf_load(AutoModelForCausalLM.from_pretrained, source.weights, KEY, dtype=torch.float32)
-    try:
-        return merged_model(load_adapted(source.weights, config, adapters))
-    except (ValueError, OSError) as exc:
-        raise UserError(f"{KEY}={source.weights}: {one_line(exc)}") from None
+    return load_causal_lm(source.weights, config, KEY, False, keep_adapters=None)
 
 
 def _generation_config(model: torch.nn.Module, tokenizer) -> GenerationConfig:

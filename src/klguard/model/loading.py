@@ -121,7 +121,7 @@ def load_policy(path: Path, cfg: Config, *, trainable: bool, device: torch.devic
     config = hf_config(path, model_cfg.override_config, model_cfg.trust_remote_code, key)
     check_architecture(config, CAUSAL_LM_HEADS, key, path, "causal language model")
     wanted = lora_settings(model_cfg) if trainable else None
-    model = _load_causal_lm(path, config, key, model_cfg.trust_remote_code, keep_adapters=wanted)
+    model = load_causal_lm(path, config, key, model_cfg.trust_remote_code, keep_adapters=wanted)
     if wanted is not None and saved_lora(model.config) is None:
         try:
             add_lora(model, wanted, seed=cfg.trainer.seed)
@@ -138,10 +138,11 @@ def load_policy(path: Path, cfg: Config, *, trainable: bool, device: torch.devic
     return apply_precision(model, cfg.actor_rollout_ref.actor.fsdp_config.dtype, device)
 
 
-def _load_causal_lm(path: Path, config, key: str, trust_remote_code: bool, *,
-                    keep_adapters: dict | None) -> torch.nn.Module:
+def load_causal_lm(path: Path, config, key: str, trust_remote_code: bool, *,
+                   keep_adapters: dict | None) -> torch.nn.Module:
     """The causal LM in `path`. A folder a LoRA run saved (klguard.model.lora) is rebuilt with its adapters when
-    `keep_adapters` are the same settings (a resume or rollback), else merged into a plain model."""
+    `keep_adapters` are the same settings (a resume or rollback), else merged into a plain model (`klguard
+    export` and `eval` ask for that with None)."""
     saved = saved_lora(config)
     if saved is None:
         return hf_load(AutoModelForCausalLM.from_pretrained, path, key, config=config, dtype=torch.float32,
