@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from guard_streams import QUIET, make, steps
 
+from klguard.guard import registry
+
 VAL = "val-core/arith/acc/mean@1"
 HARD = {"actor/reward_kl_penalty": 0.051}
 
@@ -145,6 +147,18 @@ def test_a_checkpoint_whose_kl_is_past_stable_kl_share_of_the_limit_is_no_rollba
     assert d.fired() == {} and not d.guard.is_stable() and d.metrics[3]["guard/stable"] == 0.0
     d.run(steps({4: {"actor/reward_kl_penalty": 0.025}}, 4, start=4))  # exactly half: a target again
     assert d.guard.is_stable()
+
+
+def test_a_kl_spike_leaves_a_checkpoint_stable_while_the_kl_is_within_stable_kl_share() -> None:
+    # kl_spike only lowers target_kl: it says nothing against the weights, whose KL stable_kl_share judges. On a real
+    # model a restart from the initial policy grows its KL 3x its short post-rollback median long before any limit.
+    kl = {s: {"actor/reward_kl_penalty": 0.005} for s in range(1, 6)}  # median 0.005: 3x is 0.015
+    d = make(stable_kl_share=0.5)  # hard limit 0.05: stable up to 0.025
+    d.run(steps(kl | {6: {"actor/reward_kl_penalty": 0.02}, 7: {"actor/reward_kl_penalty": 0.03}}, 7))
+    assert d.kinds(6) == ["lower_target_kl"] and d.metrics[6]["guard/alarm_kl_spike"] == 1.0
+    assert d.metrics[6]["guard/stable"] == 1.0  # a spike at 0.02 <= 0.025
+    assert d.metrics[7]["guard/alarm_kl_spike"] == 1.0 and d.metrics[7]["guard/stable"] == 0.0  # 0.03: its level
+    assert "kl_spike" in registry.advisory_alarms() and not {"kl_hard", "grad_norm"} & registry.advisory_alarms()
 
 
 # ------------------------------------------------------------------ rule 7: warm-up

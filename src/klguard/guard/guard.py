@@ -99,16 +99,17 @@ class KLGuard:
 
     def is_stable(self) -> bool:
         """True when a checkpoint taken now is a safe rollback target: the KL is at most ``stable_kl_share`` of the
-        hard limit (a restored checkpoint that keeps the reference starts there),
-        no alarm (rule or hacking) is active, the validation score is not falling and the response
-        length is within ``stable_length_growth`` of its baseline (a rollback re-anchors the
-        reference there, so a target already drifting toward the hack would lock the drift in)."""
+        hard limit (a restored checkpoint that keeps the reference starts there), no alarm (rule or hacking) is
+        active but advice (registry.ADVISORY_ACTIONS: a warning, a lower target_kl, e.g. a KL spike below that
+        share), the validation score is not falling and the response length is within ``stable_length_growth`` of
+        its baseline (a rollback re-anchors the reference there, so a target already drifting toward the hack would
+        lock the drift in)."""
         st = self._st
         if not self.cfg.enable:
             return True
         kl_ok = st.last_kl is None or st.last_kl <= self.cfg.stable_kl_share * self.cfg.kl_hard_limit
         length_ok = st.length_ratio is None or st.length_ratio <= 1 + self.cfg.stable_length_growth
-        advice = {r.name for r in registry.rules("alarm") if set(r.actions) == {"warn"}}  # advice leaves it stable
+        advice = registry.advisory_alarms()
         alarmed = any(on for name, on in st.alarms.items() if name not in advice)
         return kl_ok and length_ok and not alarmed and not self._alarmed() and not st.val_falling
 

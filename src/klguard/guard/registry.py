@@ -37,6 +37,9 @@ KINDS: tuple[str, ...] = ("alarm", "signal", "check")
 HACKING = "hacking"
 """The hacking alarm's rule name: raised by the signals named in guard.hacking_signals."""
 _UNSET = object()
+ADVISORY_ACTIONS = frozenset({"warn", "lower_target_kl"})
+"""Actions that say nothing against the weights: a warning, or a lower KL target for the controller (the KL's level
+itself is judged by guard.stable_kl_share). An alarm asking only these leaves a checkpoint a rollback target."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,11 @@ def names(kind: str) -> tuple[str, ...]:
 def default_signals() -> list[str]:
     """The signals that raise the hacking alarm by default (guard.hacking_signals)."""
     return [r.name for r in rules("signal") if r.default_on]
+
+
+def advisory_alarms() -> set[str]:
+    """The alarms whose every action is in ADVISORY_ACTIONS (they leave a checkpoint stable)."""
+    return {r.name for r in rules("alarm") if r.actions and set(r.actions) <= ADVISORY_ACTIONS}
 
 
 def rollback_rules() -> tuple[str, ...]:
