@@ -19,6 +19,7 @@ from klguard.distributed.sharded_checkpoint import copy_weights
 from klguard.errors import UserError
 from klguard.model.loading import load_policy
 from klguard.model.lora import LORA_CONFIG_KEY, merged_state_dict, saved_lora
+from klguard.ppo.trainer import PPOTrainer
 from tolerances import float32_tol, forward_terms
 
 LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
@@ -101,3 +102,49 @@ def test_bad_lora_settings_are_one_line(base_overrides, assets, capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert "actor_rollout_ref.model.lora_rank=-1" in errors[0]
     assert "actor_rollout_ref.model.lora_rank=4 is not supported with tensor parallelism" in errors[1]
+
+
+def _moved_adapters(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.05)
+
+
+def test_the_lora_reference_is_the_actors_base_until_a_reanchor_gives_it_a_model(base_overrides, assets):
+    # verl and TRL compute a LoRA run's reference with the adapters off: no second copy of the model
+    cfg = load_config(None, [*base_overrides, *LORA, "algorithm.use_kl_in_reward=true"]).config
+    trainer = PPOTrainer(cfg, log=lambda msg: None)
+    state = trainer.state
+    assert state.ref is None and state.ref_in_actor and state.has_reference
+    _moved_adapters(state.actor)
+    plain = AutoModelForCausalLM.from_pretrained(assets.policy)
+    ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    with torch.no_grad():
+        adapted = state.actor(ids).logits
+        with state.reference() as ref:
+            base = ref(ids).logits
+            assert not ref.training
+        again = state.actor(ids).logits
+    want = plain(ids).logits
+    assert (base - want).abs().max() <= float32_tol(want, forward_terms(plain))  # the initial policy
+    assert (adapted - want).abs().max() > 1e-3 and torch.equal(again, adapted)  # adapters back on after the block
+    assert state.actor.training and any(p.requires_grad for n, p in state.actor.named_parameters() if ".lora_" in n)
+
+    trainer.guard.reanchor_reference(3)  # the reference becomes the adapted policy: a merged model of its own
+    assert state.ref is not None and not state.ref_in_actor
+    with torch.no_grad(), state.reference() as ref:
+        got = ref(ids).logits
+    assert ref is state.ref and (got - adapted).abs().max() <= float32_tol(adapted, forward_terms(plain))
+
+
+def test_a_lora_run_with_kl_in_the_reward_trains_against_its_base(base_overrides, assets, tmp_path):
+    args = [*base_overrides, *LORA, "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.1",
+            "algorithm.kl_penalty=mse"]  # k2: zero only where the two log-probs are equal
+    assert main(["train", *args]) == 0
+    records = _records(tmp_path / "run")
+    kls = [records[s]["actor/reward_kl_penalty"] for s in (1, 2, 3)]
+    # step 1: the adapters (B = 0) leave the policy its base; then it moves off it (a reference that kept the
+    # adapters on would be the policy itself, its KL float noise at every step)
+    assert kls[0] <= 1e-9 and kls[2] > 1e-6
+    assert not (tmp_path / "run" / "global_step_3" / "ref").exists()

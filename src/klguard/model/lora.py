@@ -8,6 +8,8 @@ layers; `klguard export` and a re-anchored reference take the merged weights (W 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -45,6 +47,26 @@ def add_lora(model: torch.nn.Module, settings: dict, seed: int = 0) -> torch.nn.
         param.requires_grad_(".lora_" in name)
     setattr(model.config, LORA_CONFIG_KEY, dict(settings))
     return model
+
+
+@contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`model` as its base model for the block: every LoRA layer bypassed, in eval mode; then as it was. The base
+    weights never train, so a LoRA actor with its adapters off is the initial policy (the reference verl and TRL
+    use with LoRA, no second copy in memory)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    training = model.training
+    for layer in layers:
+        layer.enable_adapters(False)
+    model.eval()
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+        model.train(training)
 
 
 def saved_lora(config) -> dict | None:

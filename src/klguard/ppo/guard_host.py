@@ -21,6 +21,10 @@ from klguard.model.lora import merged_state_dict, saved_lora
 from klguard.runtime.events import append_event
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
     from klguard.config.schema import Config
     from klguard.ppo.checkpointing import Checkpoints
     from klguard.ppo.state import TrainState
@@ -34,8 +38,10 @@ class PPOHost:
     (rollbacks through `checkpoints`). `writes`: this process writes `events.jsonl` (rank 0)."""
 
     def __init__(self, cfg: Config, state: TrainState, checkpoints: Checkpoints, *, total_steps: int,
-                 run_dir: Path, writes: bool, log=print) -> None:
+                 run_dir: Path, writes: bool, new_reference: Callable[[], torch.nn.Module] | None = None,
+                 log=print) -> None:
         self.state, self.checkpoints, self.log = state, checkpoints, log
+        self.new_reference = new_reference  # a reference of its own, for a re-anchor where the LoRA base was it
         self.session = GuardSession.build(cfg.guard, self, total_steps=total_steps, kl=kl_setup(cfg),
                                           keys=TRAINER_KEYS)
         self.configured_grad_clip = cfg.actor_rollout_ref.actor.grad_clip
@@ -131,8 +137,12 @@ class PPOHost:
         return self.checkpoints.rollback_to_initial(self.state)
 
     def reanchor_reference(self, step: int) -> None:
-        if self.state.ref is None:
+        if not self.state.has_reference:
             return
+        if self.state.ref is None:  # the LoRA actor's base was the reference: it gets a model of its own now
+            if self.new_reference is None:
+                raise RuntimeError("re-anchoring the LoRA base's reference needs new_reference")
+            self.state.ref, self.state.ref_in_actor = self.new_reference(), False
         adapters = saved_lora(self.state.actor.config)
         copy_weights(self.state.actor, self.state.ref,
                      convert=None if adapters is None else partial(merged_state_dict, settings=adapters))

@@ -29,6 +29,7 @@ from klguard.distributed.fsdp import shard_model
 from klguard.distributed.sharded_checkpoint import is_dcp
 from klguard.distributed.tensor_parallel import check_tensor_parallel
 from klguard.model.loading import check_model_folder, compute_dtype, hf_config, load_critic, load_policy
+from klguard.model.lora import lora_settings
 from klguard.ppo.checkpointing import REFERENCE_DIR
 from klguard.ppo.generation_weights import GenerationWeights
 from klguard.ppo.state import TrainState
@@ -118,13 +119,25 @@ def load_models(cfg: Config, ctx: DistContext, policy_path: Path, resume_from: P
     actor = _shard(load_policy(hf_folder("actor") or policy_path, cfg, trainable=True, device=device), cfg, ctx,
                    "actor")
     ref = critic = None
-    if uses_reference(cfg):
-        ref = load_policy(hf_folder(REFERENCE_DIR) or policy_path, cfg, trainable=False, device=device)
-        ref = _shard(ref, cfg, ctx, "ref")
+    if uses_reference(cfg) and not reference_in_actor(cfg, resume_from):
+        ref = build_reference(cfg, ctx, hf_folder(REFERENCE_DIR) or policy_path)
     if uses_critic(cfg):
         critic = load_critic(policy_path, cfg, device=device, resume_path=hf_folder("critic"))
         critic = _shard(critic, cfg, ctx, "critic")
     return actor, ref, critic
+
+
+def build_reference(cfg: Config, ctx: DistContext, path: Path) -> torch.nn.Module:
+    """A frozen reference policy of its own from `path`, sharded as the ref role."""
+    return _shard(load_policy(path, cfg, trainable=False, device=ctx.device), cfg, ctx, "ref")
+
+
+def reference_in_actor(cfg: Config, resume_from: Path | None) -> bool:
+    """With LoRA the reference is the actor with its adapters off (its base weights are the initial policy and
+    never train), as in verl and TRL: no second copy of the model. Not when the checkpoint resumed holds a reference
+    of its own (a rollback re-anchored it)."""
+    saved = resume_from is not None and (resume_from / REFERENCE_DIR).is_dir()
+    return lora_settings(cfg.actor_rollout_ref.model) is not None and not saved
 
 
 def resolve_learned_rm(cfg: Config, task: BuiltinTask | None, policy_path: Path | None = None, *,
@@ -179,6 +192,7 @@ def build_train_state(cfg: Config, ctx: DistContext, policy_path: Path, resume_f
                                   else (None, None))
     return TrainState(actor=actor, actor_optim=actor_optim, actor_sched=actor_sched,
                       kl_ctrl=build_kl_controller(**vars(cfg.algorithm.kl_ctrl) | {"kl_coef": initial_kl_coef(cfg)}),
-                      sampler=sampler, ref=ref, critic=critic, critic_optim=critic_optim, critic_sched=critic_sched,
+                      sampler=sampler, ref=ref, ref_in_actor=uses_reference(cfg) and ref is None, critic=critic,
+                      critic_optim=critic_optim, critic_sched=critic_sched,
                       rm_outliers=RMFeatureOutliers(cfg.guard.baseline_window, cfg.guard.rm_outlier_quantile)
                       if rm_features else None)

@@ -11,6 +11,8 @@ step) lives in the guard's state (klguard.guard.session), saved beside this.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch
 
 from klguard.algo.kl import KLController
 from klguard.data.sampler import PromptSampler
+from klguard.model.lora import adapters_off
 from klguard.reward.rm_outliers import RMFeatureOutliers
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
@@ -36,6 +39,23 @@ class TrainState:
     critic_sched: Scheduler | None = None
     step: int = 0  # PPO steps done
     rm_outliers: RMFeatureOutliers | None = None  # with a reward model: its feature baseline (a tensor file)
+    ref_in_actor: bool = False  # LoRA: the reference is the actor with its adapters off (`ref` is None)
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether the run has a reference policy (a model of its own, or the LoRA actor's base)."""
+        return self.ref is not None or self.ref_in_actor
+
+    @contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The reference policy for the block: `ref`, or the LoRA actor with its adapters off."""
+        if self.ref is not None:
+            yield self.ref
+            return
+        if not self.ref_in_actor:
+            raise RuntimeError("this run has no reference policy")
+        with adapters_off(self.actor):
+            yield self.actor
 
     def models(self) -> list[tuple[str, torch.nn.Module]]:
         """The trained models by name: actor, and critic when there is one."""

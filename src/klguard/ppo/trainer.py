@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,6 +43,7 @@ from klguard.ppo.sampled import timed as _timed
 from klguard.ppo.scoring import gdpo_components, reference_scores, validate_policy
 from klguard.ppo.setup import (
     build_datasets,
+    build_reference,
     build_rewards,
     build_train_state,
     check_split,
@@ -107,7 +109,8 @@ class PPOTrainer:
                                        rm_features=self.rewards.model is not None)
         self.generation_weights = generation_weights(config, self.state.actor, self.policy_path, self.device)
         self.guard = PPOHost(config, self.state, self.checkpoints, total_steps=self.total_steps,
-                             run_dir=self.run_dir, writes=self.dist.is_main, log=self.log)
+                             run_dir=self.run_dir, writes=self.dist.is_main, log=self.log,
+                             new_reference=partial(build_reference, config, self.dist, self.policy_path))
         self.profiler = build_profiler(config, self.dist.rank, self.device, self.log)
         rollout = config.actor_rollout_ref.rollout
         self.sampling = SamplingParams.of(rollout, self.tokenizer, max_new_tokens=config.data.max_response_length,
@@ -133,7 +136,7 @@ class PPOTrainer:
         token_scores = token_level_scores(sampled.scores, out.response_lengths, mask)
         ref_logprobs, token_rewards, kl_metrics = None, token_scores, {}
         kl_coef = state.kl_ctrl.value  # this step's coefficient, in the reward or (steers_kl_loss) in the loss
-        if state.ref is not None:  # 4. reference log-probs, the KL penalty in the reward
+        if state.has_reference:  # 4. reference log-probs, the KL penalty in the reward
             with _timed(timing, "ref"):
                 ref_logprobs = self._reference_logprobs(prompts.layout, out)
             token_rewards, kl_metrics = self._shape_rewards(token_scores, out.old_logprobs, ref_logprobs, mask,
@@ -212,16 +215,18 @@ class PPOTrainer:
         sampling noise); the compiled decode step is kept for the actor."""
         params = replace(self.sampling, compile_step=False)
         generator = step_generator(self.cfg.trainer.seed, self.state.step, 3, self.device)
-        return reference_scores(self.state.ref, self.rewards, self.tokenizer, prompts.rows,
-                                prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
-                                prompts.layout.index, prompts.layout.order, params, generator,
-                                sharding(self.cfg, "ref").reshard_after_forward)
+        role = "ref" if self.state.ref is not None else "actor"
+        with self.state.reference() as ref:
+            return reference_scores(ref, self.rewards, self.tokenizer, prompts.rows,
+                                    prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device),
+                                    prompts.layout.index, prompts.layout.order, params, generator,
+                                    sharding(self.cfg, role).reshard_after_forward)
 
     def _reference_logprobs(self, layout: RowLayout, out: RolloutBatch) -> Tensor:
         arr = self.cfg.actor_rollout_ref
-        with torch.no_grad():
+        with torch.no_grad(), self.state.reference() as ref:
             return layout.gather(sequence_logprobs(
-                self.state.ref, layout.local(out.input_ids), layout.local(out.attention_mask),
+                ref, layout.local(out.input_ids), layout.local(out.attention_mask),
                 out.response_mask.shape[1], arr.rollout.temperature, share_prompt=arr.model.share_prompt_forward,
                 micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu))
 
