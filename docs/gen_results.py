@@ -240,10 +240,11 @@ def real_model() -> str:
     for name, r in data["runs"].items():
         fired = ", ".join(f"`{k}` {v}" for k, v in sorted(r["onsets"].items(), key=lambda kv: kv[1] or 0)
                           if v is not None) or "none"
+        rollbacks = "-" if r.get("guard_off", True) else r.get("rollbacks", "-")
         runs.append([name, f3(r["start_gold"]), f"{f3(r['peak_gold'])} ({r['peak_step']})", r["fall_step"] or "-",
-                     f3(r["final_gold"]), f"{r['kl_per_token']:.2f}", f"{r['length']:.1f}", fired])
+                     f3(r["final_gold"]), f"{r['kl_per_token']:.2f}", f"{r['length']:.1f}", rollbacks, fired])
     parts.append(table(["run", "start gold", "peak gold (step)", "fall (step)", "final gold", "KL per token",
-                        "length", "gold-free signals (first step)"], runs))
+                        "length", "rollbacks", "gold-free signals (first step)"], runs))
     return "\n".join(parts)
 
 
