@@ -221,7 +221,13 @@ def test_the_rm_scores_and_flags_hacking_against_the_short_correct_answer(policy
     rewards = RewardManager(cfg, tok, device=torch.device("cpu"), learned_rm=folder, task_reward=TASK.reward(cfg))
     prompts = [[{"role": "user", "content": "1+2-3=?"}]] * 3 + [[{"role": "user", "content": "5+5-1=?"}]]
     texts, truths = ["#### 0", "#### 7", "#### 0 Q:1+1-1=?A:#### 1", "#### 9"], ["0", "0", "0", "9"]
+    ensemble, scored = rewards.model, []  # the responses each call to the RM scores
+    rewards.model = lambda p, r, **kw: (scored.append(list(r)), ensemble(p, r, **kw))[1]
     out = rewards(texts, [len(t) + 1 for t in texts], ["klguard/arith"] * 4, truths, [{}] * 4, prompts)
+    # the yardstick: each distinct (prompt, answer) scored once, and once a run
+    assert scored == [texts, [reference_response("0"), reference_response("9")]]
+    again = rewards(texts, [len(t) + 1 for t in texts], ["klguard/arith"] * 4, truths, [{}] * 4, prompts)
+    assert scored[2:] == [texts] and torch.equal(again.hacked, out.hacked)
     members = [ModelReward(cfg, torch.device("cpu"), m, user=False) for m in member_folders(folder)]
     each = torch.stack([rm(prompts, texts) for rm in members])
     tol = 1e-6 * each.abs().max().item()  # float32 rounding of a mean over 3 at the scores' scale

@@ -118,3 +118,58 @@ def test_a_bad_audit_folder_is_one_line_and_exit_2(assets, tmp_path, capsys, fol
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("klguard: error: " + message.format(p=path)), lines
+
+
+def _rm_variant(source, dest, *, head_seed: int, body_shift: float = 0.0):
+    """A copy of the RM `source` with another score head (and, with `body_shift`, another final norm)."""
+    model = AutoModelForSequenceClassification.from_pretrained(source)
+    with torch.no_grad():
+        model.score.weight.copy_(torch.randn(model.score.weight.shape,
+                                             generator=torch.Generator().manual_seed(head_seed)))
+        model.model.norm.weight.add_(body_shift)
+    model.save_pretrained(dest)
+    AutoTokenizer.from_pretrained(source).save_pretrained(dest)
+    return dest
+
+
+def test_reward_models_that_differ_only_in_their_head_share_one_forward(assets, tmp_path):
+    from klguard.reward.ensemble import RewardEnsemble
+    from klguard.reward.model_rm import ModelReward, SharedHead
+
+    head_b = _rm_variant(assets.rm, tmp_path / "head-b", head_seed=3)
+    other_body = _rm_variant(assets.rm, tmp_path / "other-body", head_seed=3, body_shift=0.5)
+    config = load_config(None, ["trainer.device=cpu", "reward_model.micro_batch_size_per_gpu=2"]).config
+    ensemble = RewardEnsemble(config, torch.device("cpu"), [assets.rm, head_b, other_body], user=True)
+    assert isinstance(ensemble.members[1], SharedHead)  # same body, another head
+    assert isinstance(ensemble.members[2], ModelReward)  # another body: a forward of its own
+    forwards = []
+    ensemble.body.model.register_forward_hook(lambda *_: forwards.append(1))
+    shared = ensemble.members[1](PROMPTS, RESPONSES)  # texts the body has not scored: a forward of its own
+    assert len(forwards) == 2  # 3 responses in micro-batches of 2
+    ensemble(PROMPTS, RESPONSES)
+    assert len(forwards) == 4  # the first member's forward, and the shared head read on it
+    # each member's scores are its own model's, loaded alone and scored in the same micro-batches
+    alone = {f: ModelReward(config, torch.device("cpu"), f, user=True)(PROMPTS, RESPONSES)
+             for f in (assets.rm, head_b, other_body)}
+    torch.testing.assert_close(shared, alone[head_b], rtol=0, atol=0)
+    torch.testing.assert_close(ensemble.members[1](PROMPTS, RESPONSES), alone[head_b], rtol=0, atol=0)
+    assert len(forwards) == 4
+    assert not torch.equal(alone[head_b], alone[assets.rm]) and not torch.equal(alone[head_b], alone[other_body])
+    mean = (alone[assets.rm] + alone[head_b] + alone[other_body]) / 3
+    torch.testing.assert_close(ensemble(PROMPTS, RESPONSES).scores, mean, rtol=0, atol=0)
+
+
+def test_an_audit_rm_on_the_reward_models_body_is_read_on_its_forward(assets, tmp_path):
+    from klguard.reward.model_rm import ModelReward, SharedHead
+
+    head_b = _rm_variant(assets.rm, tmp_path / "head-b", head_seed=4)
+    base = ["reward_model.enable=true", f"reward_model.model.path={assets.rm}"]
+    manager = _manager(*base, f"reward_model.audit_model.path={head_b}")
+    assert isinstance(manager.audit, SharedHead)
+    out = manager(RESPONSES, [3, 12, 1], ["openai/gsm8k"] * 3, ["14", "25", "4"], [{}] * 3, prompts=PROMPTS)
+    config = load_config(None, ["trainer.device=cpu"]).config
+    torch.testing.assert_close(out.audit, ModelReward(config, torch.device("cpu"), head_b, user=True)(
+        PROMPTS, RESPONSES), rtol=0, atol=0)
+    torch.testing.assert_close(out.rm_scores, _manager(*base)(
+        RESPONSES, [3, 12, 1], ["openai/gsm8k"] * 3, ["14", "25", "4"], [{}] * 3, prompts=PROMPTS).rm_scores,
+        rtol=0, atol=0)

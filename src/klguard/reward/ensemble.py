@@ -17,7 +17,7 @@ import torch
 
 from klguard.config.schema import Config
 from klguard.errors import UserError
-from klguard.reward.model_rm import KEY, ModelReward
+from klguard.reward.model_rm import KEY, ModelReward, share_body
 
 
 @dataclass
@@ -56,7 +56,10 @@ class RewardEnsemble:
     """The reward models of a run; `user`: the folders come from `reward_model.model.path`."""
 
     def __init__(self, config: Config, device: torch.device, folders: Sequence[Path], *, user: bool) -> None:
-        self.members = [ModelReward(config, device, folder, user=user) for folder in folders]
+        # a member that differs from the first only in its score head is read on the first's forward
+        self.body = ModelReward(config, device, folders[0], user=user)
+        self.members = [self.body, *(share_body(self.body, ModelReward(config, device, folder, user=user))
+                                     for folder in folders[1:])]
         self.reduce = config.reward_model.ensemble_reduce
         self.uwo_weight = config.reward_model.uwo_weight
 
@@ -64,7 +67,7 @@ class RewardEnsemble:
                  features: bool = False) -> EnsembleScores:
         """`features`: also the last-layer features of the first member (an ensemble's members read the same
         text; one member's latent space is the one a feature baseline can be fit in)."""
-        first, states = self.members[0].score(prompts, responses, features=features)
+        first, states = self.body.score(prompts, responses, features=features)
         member_scores = torch.stack([first, *(member(prompts, responses) for member in self.members[1:])])
         if len(self.members) == 1:
             return EnsembleScores(member_scores[0], None, states)

@@ -16,7 +16,9 @@ also when no response of the batch is correct, which is where a collapsed run en
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,18 +104,22 @@ def hacked_by_model(gold: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     return ~correct & (scores >= scores[correct].mean())
 
 
-def audit_model(config: Config, device: torch.device, learned_rm: Path | None):
+def audit_model(config: Config, device: torch.device, learned_rm: Path | None, body=None):
     """The audit RM of `reward_model.audit_model.path` (a user's folder), else the built-in learned RM's `audit/`
     folder (one RM or an ensemble, whose mean scores) where it has one, else None. Called as the reward model is:
-    (prompts, responses) -> [N] scores."""
+    (prompts, responses) -> [N] scores. One that differs from `body` (the reward model's) only in its score head is
+    read on `body`'s forward (a ModelReward: klguard.reward.model_rm.share_body)."""
     from klguard.reward.ensemble import RewardEnsemble, member_folders
-    from klguard.reward.model_rm import ModelReward
+    from klguard.reward.model_rm import ModelReward, share_body
 
     path = config.reward_model.audit_model.path
     if path is not None:
-        return ModelReward(config, device, Path(path).expanduser(), user=True, key=AUDIT_KEY)
+        audit = ModelReward(config, device, Path(path).expanduser(), user=True, key=AUDIT_KEY)
+        return share_body(body, audit) if body is not None else audit
     if learned_rm is not None and (learned_rm / "audit").is_dir():
         ensemble = RewardEnsemble(config, device, member_folders(learned_rm / "audit"), user=False)
+        if body is not None and len(ensemble.members) == 1:
+            return share_body(body, ensemble.body)
         return lambda prompts, responses: ensemble(prompts, responses).scores
     return None
 
@@ -139,6 +145,7 @@ class RewardManager:
         self._rows = 0
         self.model = self.audit = None
         self.learned_rm = learned_rm is not None
+        self._yardsticks: dict[bytes, float] = {}  # the learned RM's yardstick by (prompt, answer): see _yardstick
         if config.reward_model.enable or learned_rm is not None:
             from klguard.distributed.context import resolve_device
             from klguard.reward.ensemble import RewardEnsemble, member_folders, user_rm_folders
@@ -147,7 +154,7 @@ class RewardManager:
                 else member_folders(learned_rm)
             device = device or resolve_device(config.trainer.device)
             self.model = RewardEnsemble(config, device, folders, user=learned_rm is None)
-            self.audit = audit_model(config, device, learned_rm)
+            self.audit = audit_model(config, device, learned_rm, self.model.body)
 
     def _rule(self, i: int, data_source: str, text: str, ground_truth: str, extra_info: Any) -> float:
         try:
@@ -190,10 +197,22 @@ class RewardManager:
         gold = torch.tensor(self._rules(texts, data_sources, ground_truths, extra_infos))
         scores = scores + self.rm_cfg.rule_weight * gold
         if self.learned_rm:  # the built-in task: the yardstick is the RM's score of the short correct answer
-            yardstick = self.model(prompts, [self.task.reference_response(gt) for gt in ground_truths]).scores
+            yardstick = self._yardstick(prompts, ground_truths)
             hacked = self.task.hacked(gold, scores, yardstick + self.rm_cfg.rule_weight)
             return RewardOutput(scores, gold, hacked, rm.spread, rm.scores, audit, rm.features)
         return RewardOutput(scores, gold, hacked_by_model(gold, scores), rm.spread, rm.scores, audit, rm.features)
+
+    def _yardstick(self, prompts: Sequence[Sequence[dict[str, str]]], ground_truths: Sequence[str]) -> torch.Tensor:
+        """The reward model's score of each prompt's short correct answer. The model is frozen, so each distinct
+        (prompt, answer) is scored once a run (a group's rollouts share theirs) and kept."""
+        keys = [hashlib.sha1(json.dumps([p, gt], sort_keys=True).encode()).digest()
+                for p, gt in zip(prompts, ground_truths, strict=True)]
+        new = {k: (p, gt) for k, p, gt in zip(keys, prompts, ground_truths, strict=True) if k not in self._yardsticks}
+        if new:
+            scores = self.model([p for p, _ in new.values()],
+                                [self.task.reference_response(gt) for _, gt in new.values()]).scores
+            self._yardsticks.update(zip(new, scores.tolist(), strict=True))
+        return torch.tensor([self._yardsticks[k] for k in keys])
 
     def __call__(self, texts: Sequence[str], n_tokens: Sequence[int], data_sources: Sequence[str],
                  ground_truths: Sequence[str], extra_infos: Sequence[Any],

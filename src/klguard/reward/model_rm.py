@@ -6,11 +6,17 @@ and re-tokenised; an RM tokenizer without a template reads `prompt text + respon
 right-padded and scored in micro-batches of `reward_model.micro_batch_size_per_gpu`; longer than
 `reward_model.max_length` keeps the end (the score sits on the last token). `ModelReward.score` can also return the
 final hidden state at that token (`output_hidden_states`), the features klguard.reward.rm_outliers measures.
+
+Reward models that differ only in their score head (the built-in probe RM and its audit RM: heads fit on one frozen
+body; an ensemble of heads) share one body (`share_body`): the others become `SharedHead`s, scored by their own head
+on the hidden states of the body's forward over the same texts. One forward serves them all and one copy of the body
+is kept; the scores are those of each model's own forward (the same body, inputs and head operation).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +30,7 @@ from klguard.model.loading import (
     check_model_folder,
     hf_config,
     hf_load,
+    precision_scope,
     set_pad_token,
 )
 
@@ -45,6 +52,17 @@ def scored_positions(input_ids: torch.Tensor, pad_token_id: int | None) -> torch
         return torch.full((len(input_ids),), input_ids.shape[-1] - 1, device=input_ids.device)
     non_pad = (input_ids != pad_token_id).to(torch.int32)
     return (torch.arange(input_ids.shape[-1], device=input_ids.device, dtype=torch.int32) * non_pad).argmax(-1)
+
+
+@dataclass
+class _Pass:
+    """One micro-batch's forward: its scores [n], the score head's input [n, T, H] (kept only for shared heads), the
+    scored positions [n], and the features [n, H] where asked for."""
+
+    scores: torch.Tensor
+    hidden: torch.Tensor | None
+    positions: torch.Tensor
+    features: torch.Tensor | None
 
 
 class ModelReward:
@@ -72,6 +90,8 @@ class ModelReward:
         self.pad_token_id = model.config.get_text_config().pad_token_id
         self.micro_batch = rm.micro_batch_size_per_gpu
         self.max_length = rm.max_length
+        self.keep_hidden = False  # set by a SharedHead: keep the score head's input of the latest forward
+        self._latest: tuple[list[str], list[_Pass]] | None = None  # (texts, passes) of the latest forward
 
     def render(self, prompt: Sequence[dict[str, str]], response: str) -> str:
         return render_chat(self.tokenizer, prompt, response)
@@ -82,25 +102,88 @@ class ModelReward:
 
     @torch.no_grad()
     def score(self, prompts: Sequence[Sequence[dict[str, str]]], responses: Sequence[str], *,
-              features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+              features: bool = False, head: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The scores and, with `features`, each sequence's final hidden state [N, H] (float32, CPU) at the token the
-        score is read from (klguard.reward.rm_outliers measures them); the scores are the same either way."""
+        score is read from (klguard.reward.rm_outliers measures them); the scores are the same either way. `head`: a
+        SharedHead's score head, read on this body's hidden states (those of the latest forward where it scored the
+        same texts)."""
         texts = [self.render(p, r) for p, r in zip(prompts, responses, strict=True)]
+        latest = self._latest
+        if head is not None and not features and latest is not None and latest[0] == texts:
+            passes = latest[1]
+        else:
+            passes = self._forward(texts, features=features, keep_hidden=self.keep_hidden or head is not None)
+            self._latest = (texts, passes) if self.keep_hidden else None
+        if not passes:
+            return torch.zeros(0), None
+        if head is None:
+            scores = [p.scores for p in passes]
+        else:
+            with precision_scope(self.model):
+                scores = [head(p.hidden)[torch.arange(len(p.positions)), p.positions, 0].float().cpu()
+                          for p in passes]
+        return torch.cat(scores), torch.cat([p.features for p in passes]) if features else None
+
+    def _forward(self, texts: list[str], *, features: bool, keep_hidden: bool) -> list[_Pass]:
+        """The model over `texts` in micro-batches; `keep_hidden` keeps each pass's score-head input."""
         step = self.micro_batch or max(1, len(texts))
         # a chat template writes its own special tokens; plain text gets the tokenizer's (e.g. BOS)
         special = not self.tokenizer.chat_template
-        scores, states = [], []
-        for start in range(0, len(texts), step):
-            enc = self.tokenizer(texts[start : start + step], padding=True, return_tensors="pt",
-                                 add_special_tokens=special, truncation=self.max_length is not None,
-                                 max_length=self.max_length)
-            ids = enc["input_ids"].to(self.device)
-            out = self.model(input_ids=ids, attention_mask=enc["attention_mask"].to(self.device),
-                             output_hidden_states=features)
-            scores.append(out.logits[:, 0].float().cpu())
-            if features:
+        captured: list[torch.Tensor] = []
+        hook = self.model.score.register_forward_hook(lambda _m, args, _out: captured.append(args[0])) \
+            if keep_hidden else None
+        passes = []
+        try:
+            for start in range(0, len(texts), step):
+                enc = self.tokenizer(texts[start : start + step], padding=True, return_tensors="pt",
+                                     add_special_tokens=special, truncation=self.max_length is not None,
+                                     max_length=self.max_length)
+                ids = enc["input_ids"].to(self.device)
+                out = self.model(input_ids=ids, attention_mask=enc["attention_mask"].to(self.device),
+                                 output_hidden_states=features)
+                positions = scored_positions(ids, self.pad_token_id)
                 rows = torch.arange(len(ids), device=ids.device)
-                states.append(out.hidden_states[-1][rows, scored_positions(ids, self.pad_token_id)].float().cpu())
-        if not scores:
-            return torch.zeros(0), None
-        return torch.cat(scores), torch.cat(states) if features else None
+                states = out.hidden_states[-1][rows, positions].float().cpu() if features else None
+                passes.append(_Pass(out.logits[:, 0].float().cpu(), captured.pop() if keep_hidden else None,
+                                    positions, states))
+        finally:
+            if hook is not None:
+                hook.remove()
+        return passes
+
+
+class SharedHead:
+    """A reward model that differs from `body` only in its score head: its scores are that head on the hidden states
+    of `body`'s forward (the latest one where it scored the same texts), without a copy of the body."""
+
+    def __init__(self, body: ModelReward, head: torch.nn.Module) -> None:
+        self.body, self.head = body, head
+        body.keep_hidden = True
+
+    def __call__(self, prompts: Sequence[Sequence[dict[str, str]]], responses: Sequence[str]) -> torch.Tensor:
+        return self.body.score(prompts, responses, head=self.head)[0]
+
+
+def same_body(a: ModelReward, b: ModelReward) -> bool:
+    """Whether `a` and `b` read the same text with the same weights but for their `score` head (a linear layer on
+    the final hidden states, as Hugging Face's decoder sequence classifiers have)."""
+    if type(a.model) is not type(b.model) or not isinstance(getattr(a.model, "score", None), torch.nn.Linear):
+        return False
+    if (a.max_length, a.micro_batch, a.pad_token_id, a.device) != (b.max_length, b.micro_batch, b.pad_token_id,
+                                                                    b.device):
+        return False
+    if getattr(a.model, "klguard_autocast", None) != getattr(b.model, "klguard_autocast", None):
+        return False
+    ta, tb = a.tokenizer, b.tokenizer
+    if (type(ta), ta.chat_template, ta.all_special_tokens) != (type(tb), tb.chat_template, tb.all_special_tokens) \
+            or ta.get_vocab() != tb.get_vocab():
+        return False
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    body = [k for k in sa if not k.startswith("score.")]
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in body)
+
+
+def share_body(body: ModelReward, other: ModelReward) -> ModelReward | SharedHead:
+    """`other` as a SharedHead on `body` where the two share their body (its own copy is then dropped), else
+    `other` itself."""
+    return SharedHead(body, other.model.score) if other is not body and same_body(body, other) else other
