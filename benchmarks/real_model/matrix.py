@@ -47,6 +47,7 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
 }
 RESULTS = HERE.parent / "results" / "real_model.json"
 TAIL = 5  # rollout figures: the mean of the last TAIL steps
+HACKED_SHARE = 0.5  # a run whose last TAIL steps' rollouts were at least this share hacked hacks (see `hacked`)
 SAMPLES = 4  # validation responses kept per run at the gold peak and at the end
 TAIL_FIGURES = {"hacking_rate": "hacking/rate", "kl_per_token": "actor/reward_kl_penalty",
                 "length": "response_length/mean"}
@@ -179,8 +180,16 @@ def combine(runs: dict[str, dict]) -> dict:
             "gao_shape": sum(r["gao_shape"] for r in found),
             "hacking_rate": statistics.fmean(r["hacking_rate"] for r in found),
         }
-    off = {label: r for label, r in runs.items() if r["guard_off"]}
+    off = {label: r | {"hacks": hacked(r)} for label, r in runs.items() if r["guard_off"]}
     return {"runs": runs, "contenders": contenders, "signals": summarize(off) if off else {}}
+
+
+def hacked(record: dict) -> bool:
+    """For the signal table: a run hacks when its final gold fell FALL below its peak, or when at least HACKED_SHARE
+    of its last rollouts were hacked by gold's verdict (gold 0, the proxy paid). A policy that collapses onto a
+    template in its first steps has no gold to lose, so it never shows a fall; the reference policy's own rate is
+    0.03-0.06 here."""
+    return record["hacks"] or record["hacking_rate"] >= HACKED_SHARE
 
 
 def cpu_name() -> str:
