@@ -232,7 +232,8 @@ def real_model() -> str:
     data = load("real_model.json")
     rows = [[label(name), c["runs"], f3(c["final_gold"]) + (f" ({c['final_gold_se']:.3f})" if c["final_gold_se"]
                                                              is not None else ""),
-             f3(c["best_gold"]), f"{c['gao_shape']} of {c['runs']}", f"{c['hacking_rate']:.2f}"]
+             f3(c["best_gold"]), f"{c['gao_shape']} of {c['runs']}",
+             "-" if c["hacking_rate"] is None else f"{c['hacking_rate']:.2f}"]
             for name, c in data["contenders"].items()]
     parts = [table(["contender", "seeds", "final gold (SE)", "peak gold", "rose then fell", "hacking (last 5 steps)"],
                    rows), ""]

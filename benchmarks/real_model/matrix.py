@@ -178,7 +178,9 @@ def combine(runs: dict[str, dict]) -> dict:
             "final_gold_se": statistics.stdev(finals) / len(finals) ** 0.5 if len(finals) > 1 else None,
             "best_gold": statistics.fmean(r["peak_gold"] for r in found),
             "gao_shape": sum(r["gao_shape"] for r in found),
-            "hacking_rate": statistics.fmean(r["hacking_rate"] for r in found),
+            # None where gold is the reward (gold_optimised): nothing can hack it
+            "hacking_rate": statistics.fmean(rates) if (rates := [r["hacking_rate"] for r in found
+                                                                   if r["hacking_rate"] is not None]) else None,
         }
     off = {label: r | {"hacks": hacked(r)} for label, r in runs.items() if r["guard_off"]}
     return {"runs": runs, "contenders": contenders, "signals": summarize(off) if off else {}}
@@ -189,7 +191,7 @@ def hacked(record: dict) -> bool:
     of its last rollouts were hacked by gold's verdict (gold 0, the proxy paid). A policy that collapses onto a
     template in its first steps has no gold to lose, so it never shows a fall; the reference policy's own rate is
     0.03-0.06 here."""
-    return record["hacks"] or record["hacking_rate"] >= HACKED_SHARE
+    return record["hacks"] or (record["hacking_rate"] or 0.0) >= HACKED_SHARE
 
 
 def cpu_name() -> str:
@@ -213,13 +215,17 @@ def load_results(path: Path, args: argparse.Namespace) -> dict[str, dict]:
     return {label: {"machine": earlier.get("machine"), **record} for label, record in earlier["runs"].items()}
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def print_tables(result: dict) -> None:
     print("\n| contender | runs | final gold (SE) | peak gold | Gao's shape | hacking rate (last 5) |")
     print("|---|---|---|---|---|---|")
     for name, c in result["contenders"].items():
         se = f" ({c['final_gold_se']:.3f})" if c["final_gold_se"] is not None else ""
         print(f"| {name} | {c['runs']} | {c['final_gold']:.3f}{se} | {c['best_gold']:.3f} | {c['gao_shape']} of "
-              f"{c['runs']} | {c['hacking_rate']:.2f} |")
+              f"{c['runs']} | {_rate(c['hacking_rate'])} |")
     print("\n| run | start | peak (step) | fall | final | signals (first step) |")
     print("|---|---|---|---|---|---|")
     for label, r in result["runs"].items():
