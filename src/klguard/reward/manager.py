@@ -205,7 +205,7 @@ class RewardManager:
     def _yardstick(self, prompts: Sequence[Sequence[dict[str, str]]], ground_truths: Sequence[str]) -> torch.Tensor:
         """The reward model's score of each prompt's short correct answer. The model is frozen, so each distinct
         (prompt, answer) is scored once a run (a group's rollouts share theirs) and kept."""
-        keys = [hashlib.sha1(json.dumps([p, gt], sort_keys=True).encode()).digest()
+        keys = [hashlib.sha1(json.dumps([p, gt], sort_keys=True, default=str).encode()).digest()
                 for p, gt in zip(prompts, ground_truths, strict=True)]
         new = {k: (p, gt) for k, p, gt in zip(keys, prompts, ground_truths, strict=True) if k not in self._yardsticks}
         if new:
