@@ -112,7 +112,7 @@ class ModelReward:
         if head is not None and not features and latest is not None and latest[0] == texts:
             passes = latest[1]
         else:
-            passes = self._forward(texts, features=features, keep_hidden=self.keep_hidden or head is not None)
+            passes = self._forward(texts, features=features)  # a SharedHead's body keeps its hidden states
             self._latest = (texts, passes) if self.keep_hidden else None
         if not passes:
             return torch.zeros(0), None
@@ -124,12 +124,13 @@ class ModelReward:
                           for p in passes]
         return torch.cat(scores), torch.cat([p.features for p in passes]) if features else None
 
-    def _forward(self, texts: list[str], *, features: bool, keep_hidden: bool) -> list[_Pass]:
-        """The model over `texts` in micro-batches; `keep_hidden` keeps each pass's score-head input."""
+    def _forward(self, texts: list[str], *, features: bool) -> list[_Pass]:
+        """The model over `texts` in micro-batches; with `keep_hidden`, each pass keeps its score-head input."""
         step = self.micro_batch or max(1, len(texts))
         # a chat template writes its own special tokens; plain text gets the tokenizer's (e.g. BOS)
         special = not self.tokenizer.chat_template
         captured: list[torch.Tensor] = []
+        keep_hidden = self.keep_hidden
         hook = self.model.score.register_forward_hook(lambda _m, args, _out: captured.append(args[0])) \
             if keep_hidden else None
         passes = []
