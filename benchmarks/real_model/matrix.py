@@ -39,11 +39,13 @@ sys.path.insert(0, str(HERE.parent))
 from hacking import CONTENDERS as HACKING_CONTENDERS  # noqa: E402  (sibling scripts)
 from signal_onsets import FALL, replay, summarize  # noqa: E402
 
-from klguard.builtin.recipes import VERL_DEFAULT  # noqa: E402
+from klguard.builtin.recipes import NO_GOLD_GUARD, REAL_MODEL_GUARD, VERL_DEFAULT  # noqa: E402
 
 CONTENDERS: dict[str, tuple[str, ...]] = {
     **HACKING_CONTENDERS,
     "gold_optimised": (*VERL_DEFAULT, "proxy_reward.enable=false"),
+    # the guard without gold with the real-model settings (checkpoints every 5 steps, kl_growth's floor 4 nats)
+    "guarded_real": (*NO_GOLD_GUARD, *REAL_MODEL_GUARD),
 }
 RESULTS = HERE.parent / "results" / "real_model.json"
 TAIL = 5  # rollout figures: the mean of the last TAIL steps
@@ -84,8 +86,9 @@ def train(args: argparse.Namespace, contender: str, seed: int) -> int:
 
 def checkpointing(recipe: tuple[str, ...]) -> list[str]:
     """A guarded run checkpoints as klguard ships (`trainer.save_freq`), so a rollback can return to a stable
-    checkpoint instead of the initial policy; a guard-off run never rolls back and saves none (probe.py's -1)."""
-    if "guard.enable=false" in recipe:
+    checkpoint instead of the initial policy; a guard-off run never rolls back and saves none (probe.py's -1); a
+    recipe that sets its own save_freq keeps it."""
+    if "guard.enable=false" in recipe or any(o.startswith("trainer.save_freq=") for o in recipe):
         return []
     from klguard.config import load_config
 

@@ -82,6 +82,9 @@ def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp
     assert not any(a.startswith("trainer.save_freq=") for a in command)  # guard off: never rolls back, saves none
     assert matrix.train(args, "guarded_no_gold", 1) == 0
     assert calls[1][-2:] == ["trainer.save_freq=10", "x=1"]  # guarded: rollbacks need klguard's checkpoints
+    assert matrix.train(args, "guarded_real", 1) == 0  # a recipe with its own save_freq keeps it
+    assert [a for a in calls[2] if a.startswith("trainer.save_freq=")] == ["trainer.save_freq=5"]
+    assert "guard.kl_growth_min=4" in calls[2]
 
 
 def test_a_longer_run_is_read_up_to_the_matrix_length(tmp_path):

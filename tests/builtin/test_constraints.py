@@ -117,6 +117,15 @@ def test_data_builtin_task_chooses_the_task_and_its_recipe_loads() -> None:
     assert TASK_RECIPES["constraints"] is CONSTRAINTS
 
 
+def test_the_real_model_guard_settings_load() -> None:
+    from klguard.builtin.recipes import CONSTRAINTS_RM, REAL_MODEL_GUARD
+    from klguard.config import load_config
+
+    cfg = load_config(None, [*CONSTRAINTS_RM, *REAL_MODEL_GUARD]).config
+    assert (cfg.trainer.save_freq, cfg.guard.kl_growth_min) == (5, 4.0)
+    assert "kl_growth" in cfg.guard.hacking_signals
+
+
 def test_demo_task_constraints_puts_the_recipe_before_the_users_keys(capsys) -> None:
     import yaml
 

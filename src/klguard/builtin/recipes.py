@@ -51,6 +51,15 @@ CONSTRAINTS: tuple[str, ...] = (
     # the constraints task (klguard.builtin.constraints): the reviews task's sizes and sampling, its own data and gold
     "data.builtin_task=constraints", *REVIEWS[1:],
 )
+REAL_MODEL_GUARD: tuple[str, ...] = (
+    # the guard's settings for a 135M pretrained policy over 40 steps, on top of NO_GOLD_GUARD:
+    # - a checkpoint every 5 steps, so a rollback at steps 10-13 (where kl_hard first fires on SmolLM2) finds a
+    #   stable one instead of returning to the initial policy;
+    # - kl_growth needs at least 4 nats a sequence: in the guard-off real-model runs that hacked, 3x the first 10
+    #   steps' KL already exceeded 8, so the floor changes no firing there, while the run that optimised gold itself
+    #   crossed the old floor of 1 at step 27, and a guard that restarts from a low KL re-measures a low baseline
+    "trainer.save_freq=5", "guard.kl_growth_min=4",
+)
 CONSTRAINTS_RM: tuple[str, ...] = (
     # the constraints task against its probe reward model, as docs/real-model.md measures it: the head klguard ships
     # (fit on 768 of SmolLM2's own samples labelled by gold), lr 3e-5, where verl's default KL hacks it; the guard
