@@ -134,3 +134,35 @@ def test_truncate_logs_keeps_the_lines_up_to_the_resumed_step(tmp_path):
     truncate_logs(tmp_path, 2)
     assert (tmp_path / "metrics.jsonl").read_text() == "\n".join(lines[:3]) + "\n"
     assert (tmp_path / "events.jsonl").read_text() == ""
+
+
+class _Full(Exception):
+    """A writer's own error for a full disk, as safetensors raises it."""
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"),
+                                   _Full("Error while serializing: I/O error: No space left on device (os error 28)")])
+def test_a_full_disk_is_one_line_naming_the_checkpoint_and_leaves_no_partial(tmp_path, error):
+    manager, _ = _manager(tmp_path)
+    _save(manager, 5)
+
+    def write(folder: Path) -> None:
+        _write(folder)
+        raise error
+
+    with pytest.raises(UserError, match=r"cannot write checkpoint .*global_step_10: no space left .*MiB free") as info:
+        manager.save(10, write, {"global_step": 10})
+    assert "\n" not in str(info.value) and "trainer.default_local_dir" in str(info.value)
+    assert sorted(p.name for p in manager.run_dir.iterdir()) == ["global_step_5", LATEST_FILE]
+    assert manager.latest() == manager.path(5)
+
+
+def test_another_write_error_is_raised_as_it_is_and_leaves_no_partial(tmp_path):
+    manager, _ = _manager(tmp_path)
+
+    def write(folder: Path) -> None:
+        raise ValueError("a bug in the writer")
+
+    with pytest.raises(ValueError, match="a bug in the writer"):
+        manager.save(5, write, {"global_step": 5})
+    assert list(manager.run_dir.iterdir()) == []

@@ -19,6 +19,7 @@ rank 0 creates the folder first and, after a barrier, writes the state and the m
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -137,14 +138,25 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.dist.barrier()
-        write(tmp)
-        self.dist.barrier()  # every rank's shards are written
+        try:
+            write(tmp)
+            self.dist.barrier()  # every rank's shards are written
+            if self.dist.is_main:
+                if os.environ.get(KILL_IN_SAVE_ENV) == str(step):  # test hook, see the module docstring
+                    os.kill(os.getpid(), signal.SIGKILL)
+                (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
+                write_manifest(tmp)
+                fsync_tree(tmp)
+        except Exception as exc:
+            if self.dist.is_main:  # never leave a half-written checkpoint taking the space
+                shutil.rmtree(tmp, ignore_errors=True)
+            if disk_full(exc):
+                raise UserError(f"cannot write checkpoint {final}: no space left on its device "
+                                f"({shutil.disk_usage(self.run_dir).free / 2**20:.0f} MiB free after removing the "
+                                "partial one); free some, point trainer.default_local_dir elsewhere, or keep fewer "
+                                "with trainer.max_actor_ckpt_to_keep") from None
+            raise
         if self.dist.is_main:
-            if os.environ.get(KILL_IN_SAVE_ENV) == str(step):  # test hook, see the module docstring
-                os.kill(os.getpid(), signal.SIGKILL)
-            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
-            write_manifest(tmp)
-            fsync_tree(tmp)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -167,6 +179,18 @@ class CheckpointManager:
         for step in steps:
             if step not in keep:
                 shutil.rmtree(self.path(step), ignore_errors=True)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) says the device is full: an OSError with ENOSPC, or a writer's own error
+    (safetensors, torch.save, DCP) whose message carries the system's words for it."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
