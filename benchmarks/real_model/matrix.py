@@ -4,6 +4,7 @@ probe.py run (klguard's own trainer, every scored response recorded), then one r
     python benchmarks/real_model/matrix.py --contenders verl_default --seeds 1 2 3 4 --out OUT   # trains, in turn
     python benchmarks/real_model/matrix.py --summarize-only --out OUT     # the JSON and tables of finished runs
     python benchmarks/real_model/matrix.py --contenders fixed_0.1 --seeds 2 --out OUT --add   # more seeds, added
+    python benchmarks/real_model/matrix.py --contenders guarded_real --out OUT --resume   # stopped guarded runs go on
 
 Contenders are benchmarks/hacking.py's (verl_default, fixed_<beta>, guarded, guarded_no_gold, ...) plus
 `gold_optimised` (verl's default KL, the gold itself as the reward: `proxy_reward.enable=false`, a healthy run by
@@ -71,16 +72,18 @@ def train(args: argparse.Namespace, contender: str, seed: int) -> int:
     if reached(folder, args.steps):
         print(f"{folder}: done, kept")
         return 0
-    if folder.exists():
-        sys.exit(f"{folder} holds an unfinished run: remove it to train it again")
+    resume = folder.exists() and args.resume and (folder / "latest_checkpointed_iteration.txt").is_file()
+    if folder.exists() and not resume:
+        sys.exit(f"{folder} holds an unfinished run: remove it to train it again, or --resume it if it checkpointed")
     command = [sys.executable, str(HERE / "probe.py"), "--task", "constraints", "--base", "shipped",
+               *(["--resume"] if resume else []),
                "--steps", str(args.steps), "--seed", str(seed), "--lr", str(args.lr), "--out", str(folder),
                *(["--learned-rm"] if args.proxy == "learned_rm" else []), *CONTENDERS[contender],
                *checkpointing(CONTENDERS[contender]), *args.overrides]
     print(" ".join(command), flush=True)
     log = folder.with_name(folder.name + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as fh:
+    with log.open("a" if resume else "w") as fh:
         return subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
 
 
@@ -247,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the folder of runs (<contender>/seed<N>)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--summarize-only", action="store_true")
+    parser.add_argument("--resume", action="store_true", help="continue unfinished runs that checkpointed (the "
+                        "guarded ones) from their latest checkpoint; klguard's resume equals an uninterrupted run")
     parser.add_argument("--add", action="store_true", help="add these runs to the results file's (a run of the "
                         "same label replaces its record) instead of writing them alone: seeds trained in other "
                         "sessions or on other machines, each run with its machine")

@@ -3,6 +3,7 @@ default KL, every scored response recorded, then a per-step table.
 
     python benchmarks/real_model/probe.py --steps 80 --seed 1 --out /tmp/reviews_probe
     python benchmarks/real_model/probe.py --table-only --out /tmp/reviews_probe   # the table of a finished run
+    python benchmarks/real_model/probe.py --resume --steps 80 --seed 1 --out /tmp/reviews_probe   # an unfinished one
     python benchmarks/real_model/probe.py --task constraints --steps 60 --seed 1 --out /tmp/constraints_probe
 
 The run is `klguard train` on the task (`data.builtin_task=<task>`: klguard's own trainer, SmolLM2's GGUF as the
@@ -102,6 +103,20 @@ def write_table(run: Path) -> list[dict]:
     return rows
 
 
+def cut_samples(run: Path) -> int:
+    """Before a resume: keep samples.jsonl's lines up to the run's latest checkpoint (the trainer cuts its own logs
+    the same way), so the steps it trains again are recorded once; returns that step."""
+    pointer = run / "latest_checkpointed_iteration.txt"
+    if not pointer.is_file():
+        sys.exit(f"{run}: no checkpoint to resume from ({pointer.name} is missing)")
+    step = int(pointer.read_text())
+    samples = run / "samples.jsonl"
+    if samples.is_file():
+        kept = [line for line in samples.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= step]
+        samples.write_text("".join(kept))
+    return step
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="the run directory (made anew)")
@@ -121,11 +136,15 @@ def main(argv: list[str] | None = None) -> int:
                         "(klguard.builtin.probe_rm), not the task's own")
     parser.add_argument("--rm-samples", type=int, default=768, help="proxy_reward.learned_rm.samples")
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--resume", action="store_true", help="continue an unfinished run in --out from its latest "
+                        "checkpoint (klguard's trainer.resume_mode=auto), its samples.jsonl cut back to that step")
     parser.add_argument("overrides", nargs="*", help="more klguard overrides (key=value)")
     args = parser.parse_args(argv)
     if not args.table_only:
-        if args.out.exists() and any(args.out.iterdir()):
-            sys.exit(f"{args.out} is not empty")
+        if args.resume:
+            cut_samples(args.out)
+        elif args.out.exists() and any(args.out.iterdir()):
+            sys.exit(f"{args.out} is not empty (--resume continues a run from its latest checkpoint)")
         args.out.mkdir(parents=True, exist_ok=True)
         from klguard.commands import cli
         from klguard.ppo import setup

@@ -71,7 +71,7 @@ def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp
     calls = []
     monkeypatch.setattr(matrix.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or argparse.Namespace(
         returncode=0))
-    args = argparse.Namespace(out=tmp_path, steps=20, lr=3e-5, proxy="learned_rm", overrides=["x=1"])
+    args = argparse.Namespace(out=tmp_path, steps=20, lr=3e-5, proxy="learned_rm", overrides=["x=1"], resume=False)
     assert matrix.train(args, "gold_optimised", 3) == 0
     command = calls[0]
     assert command[command.index("--base") + 1] == "shipped" and "--learned-rm" in command
@@ -148,3 +148,21 @@ def test_add_puts_new_seeds_beside_the_results_files_runs(tmp_path):
     with pytest.raises(SystemExit, match=r"lr=3e-05, these 0\.0001: not one matrix"):
         matrix.main(["--summarize-only", "--add", "--steps", "20", "--lr", "1e-4", "--out", str(tmp_path / "b"),
                      "--results", str(results)])
+
+
+def test_resume_continues_a_run_that_checkpointed_and_cuts_its_samples_back(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(matrix.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or argparse.Namespace(
+        returncode=0))
+    args = argparse.Namespace(out=tmp_path, steps=20, lr=3e-5, proxy="learned_rm", overrides=[], resume=True)
+    (tmp_path / "guarded_real" / "seed1").mkdir(parents=True)  # stopped before its first checkpoint
+    with pytest.raises(SystemExit, match="unfinished run"):
+        matrix.train(args, "guarded_real", 1)
+    run = tmp_path / "guarded_real" / "seed2"
+    run.mkdir()
+    (run / "latest_checkpointed_iteration.txt").write_text("10")
+    assert matrix.train(args, "guarded_real", 2) == 0 and "--resume" in calls[0]
+    (run / "samples.jsonl").write_text("".join(json.dumps({"step": s, "text": "t"}) + "\n" for s in (9, 10, 11, 12)))
+    with import_scripts("probe", folder=_PATH.parent) as (probe,):
+        assert probe.cut_samples(run) == 10
+    assert [json.loads(x)["step"] for x in (run / "samples.jsonl").read_text().splitlines()] == [9, 10]
