@@ -29,6 +29,7 @@ import torch
 
 from klguard.builtin import constraints, reviews
 from klguard.builtin.recipes import TASK_RECIPES, VERL_DEFAULT
+from klguard.runtime.events import truncate_logs
 
 MODULES = {"reviews": reviews, "constraints": constraints}
 
@@ -110,10 +111,7 @@ def cut_samples(run: Path) -> int:
     if not pointer.is_file():
         sys.exit(f"{run}: no checkpoint to resume from ({pointer.name} is missing)")
     step = int(pointer.read_text())
-    samples = run / "samples.jsonl"
-    if samples.is_file():
-        kept = [line for line in samples.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= step]
-        samples.write_text("".join(kept))
+    truncate_logs(run, step, names=("samples.jsonl",))
     return step
 
 

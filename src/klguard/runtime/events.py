@@ -20,10 +20,10 @@ def append_event(path: Path, record: dict[str, Any], *, who: str = "klguard guar
     tqdm.write(f"{who} [step {record['step']}] {record['kind']}: {record['reason']}")
 
 
-def truncate_logs(run_dir: Path, step: int) -> None:
-    """On resume from checkpoint `step`, drop the lines of `metrics.jsonl` and `events.jsonl` that a
-    killed run wrote after it (and any torn last line), so every step appears once, as resumed."""
-    for name in ("metrics.jsonl", "events.jsonl"):
+def truncate_logs(run_dir: Path, step: int, names: tuple[str, ...] = ("metrics.jsonl", "events.jsonl")) -> None:
+    """On resume from checkpoint `step`, drop the lines of the JSONL logs `names` that a killed run wrote after it
+    (and any torn last line), so every step appears once, as resumed."""
+    for name in names:
         path = Path(run_dir) / name
         if not path.is_file():
             continue
