@@ -23,11 +23,19 @@ import torch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
+from klguard.builtin.recipes import CONSTRAINTS_RM
 from klguard.builtin.trl_real_task import TaskRewards, evaluate_sampled, task_prompts
 from klguard.integrations.trl import KLGuardCallback
 
+PROXIES: dict[str, list[str]] = {
+    "length": ["proxy_reward.kind=length"],
+    # the probe reward model `klguard train`'s constraints-rm recipe trains against (the head klguard ships)
+    "learned_rm": [k for k in CONSTRAINTS_RM if k.startswith(("proxy_reward.", "reward_model."))],
+}
 
-def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float) -> GRPOTrainer:
+
+def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float,
+                 save_steps: int = 10) -> GRPOTrainer:
     cfg = rewards.config
     n = cfg.actor_rollout_ref.rollout.n
     args = GRPOConfig(
@@ -37,7 +45,7 @@ def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: 
         learning_rate=lr, beta=0.001,  # verl's default coefficient; the guarded run's callback steers it
         bf16=False, gradient_checkpointing=False,
         reward_weights=[1.0, 0.0, 0.0],  # the proxy is trained on; gold and hacking are only logged
-        logging_steps=1, save_steps=10, save_total_limit=None,  # checkpoints: the guard's rollback targets
+        logging_steps=1, save_steps=save_steps, save_total_limit=None,  # checkpoints: the guard's rollback targets
     )
     model = AutoModelForCausalLM.from_pretrained(rewards.policy, dtype=torch.float32)
     return GRPOTrainer(model=model, reward_funcs=rewards.functions(), args=args, processing_class=rewards.tokenizer,
@@ -45,8 +53,8 @@ def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: 
 
 
 def run(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float, guarded: bool,
-        overrides: list[str]) -> dict:
-    trainer = make_trainer(out, rewards, seed=seed, steps=steps, lr=lr)
+        overrides: list[str], save_steps: int = 10) -> dict:
+    trainer = make_trainer(out, rewards, seed=seed, steps=steps, lr=lr, save_steps=save_steps)
     if guarded:  # no trl.gold_reward: the guard never sees gold
         trainer.add_callback(KLGuardCallback(trainer, overrides))
     result = trainer.train()
@@ -69,12 +77,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--save-steps", type=int, default=10,
+                        help="a checkpoint every this many steps: the guard's rollback targets")
     parser.add_argument("--only", choices=("guarded", "unguarded"))
     args = parser.parse_args(argv)
-    rewards = TaskRewards(args.task, [f"proxy_reward.kind={args.proxy}"])
+    rewards = TaskRewards(args.task, PROXIES[args.proxy])
     for name in [args.only] if args.only else ["unguarded", "guarded"]:
         s = run(args.out / name, rewards, seed=args.seed, steps=args.steps, lr=args.lr, guarded=name == "guarded",
-                overrides=args.overrides)
+                overrides=args.overrides, save_steps=args.save_steps)
         print(f"{name:>9}: held-out gold {s['gold']:.3f}, hacking rate {s['hacking_rate']:.3f}, proxy "
               f"{s['proxy']:.3f}, length {s['response_length']:.1f} tokens, final beta {s['final_beta']:.4g}, "
               f"steps {s['steps_trained']}")
