@@ -39,7 +39,7 @@ GUARD: list[str] = [k for k in (*NO_GOLD_GUARD, *REAL_MODEL_GUARD) if k.startswi
 """The guard keys of klguard's `guarded_real` runs: the gold-free signals, kl_growth's floor at 4 nats a sequence."""
 
 
-def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float,
+def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float, beta: float = 0.001,
                  save_steps: int = 10) -> GRPOTrainer:
     cfg = rewards.config
     n = cfg.actor_rollout_ref.rollout.n
@@ -47,7 +47,7 @@ def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: 
         output_dir=str(out), seed=seed, max_steps=steps, use_cpu=True, report_to=[], disable_tqdm=True,
         per_device_train_batch_size=cfg.data.train_batch_size * n, num_generations=n,
         max_completion_length=cfg.data.max_response_length, temperature=1.0, top_k=0, top_p=1.0,
-        learning_rate=lr, beta=0.001,  # verl's default coefficient; the guarded run's callback steers it
+        learning_rate=lr, beta=beta,  # verl's default 0.001 unless --beta; the guarded run's callback steers it
         bf16=False, gradient_checkpointing=False,
         reward_weights=[1.0, 0.0, 0.0],  # the proxy is trained on; gold and hacking are only logged
         logging_steps=1, save_steps=save_steps, save_total_limit=None,  # checkpoints: the guard's rollback targets
@@ -58,8 +58,8 @@ def make_trainer(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: 
 
 
 def run(out: Path, rewards: TaskRewards, *, seed: int, steps: int, lr: float, guarded: bool,
-        overrides: list[str], save_steps: int = 10) -> dict:
-    trainer = make_trainer(out, rewards, seed=seed, steps=steps, lr=lr, save_steps=save_steps)
+        overrides: list[str], beta: float = 0.001, save_steps: int = 10) -> dict:
+    trainer = make_trainer(out, rewards, seed=seed, steps=steps, lr=lr, beta=beta, save_steps=save_steps)
     if guarded:  # no trl.gold_reward: the guard never sees gold
         trainer.add_callback(KLGuardCallback(trainer, overrides))
     result = trainer.train()
@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--beta", type=float, default=0.001,
+                        help="GRPOConfig beta (k3 KL in the loss) both runs start from: verl's default 0.001")
     parser.add_argument("--save-steps", type=int, default=5,
                         help="a checkpoint every this many steps: the guard's rollback targets")
     parser.add_argument("--only", choices=("guarded", "unguarded"))
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     rewards = TaskRewards(args.task, PROXIES[args.proxy])
     for name in [args.only] if args.only else ["unguarded", "guarded"]:
         s = run(args.out / name, rewards, seed=args.seed, steps=args.steps, lr=args.lr, guarded=name == "guarded",
-                overrides=[*GUARD, *args.overrides], save_steps=args.save_steps)
+                overrides=[*GUARD, *args.overrides], beta=args.beta, save_steps=args.save_steps)
         print(f"{name:>9}: held-out gold {s['gold']:.3f}, hacking rate {s['hacking_rate']:.3f}, proxy "
               f"{s['proxy']:.3f}, length {s['response_length']:.1f} tokens, final beta {s['final_beta']:.4g}, "
               f"steps {s['steps_trained']}")

@@ -34,6 +34,21 @@ def test_trl_names_become_the_guards_inputs():
     assert len(set(TRL_METRICS.values())) == len(TRL_METRICS)  # one klguard name per TRL name
 
 
+def test_the_kl_per_sequence_is_the_token_mean_times_the_mean_length():
+    """TRL and verl log the KL as a mean over the batch's tokens: times the mean length it is the mean summed KL of a
+    sequence, what kl_growth reads; a step that logs its own keeps it, and without a length there is none."""
+    seqs = [[0.1, 0.3, 0.2], [0.5]]  # per-token KL of two sequences
+    tokens = [k for s in seqs for k in s]
+    logs = {"kl": sum(tokens) / len(tokens), "completions/mean_length": len(tokens) / len(seqs)}
+    per_sequence = sum(sum(s) for s in seqs) / len(seqs)
+    assert to_klguard_names(logs, "trl")["actor/kl_seq_sum"] == pytest.approx(per_sequence, rel=1e-6)
+    assert guard_names(logs, "trl")["actor/kl_seq_sum"] == pytest.approx(per_sequence, rel=1e-6)
+    verl = {"actor/reward_kl_penalty": 0.02, "actor/kl_loss": 0.5, "response_length/mean": 40.0}
+    assert guard_names(verl, "verl")["actor/kl_seq_sum"] == pytest.approx(0.8)  # the in-reward KL first
+    assert guard_names({**verl, "actor/kl_seq_sum": 3.0}, "verl")["actor/kl_seq_sum"] == 3.0
+    assert "actor/kl_seq_sum" not in to_klguard_names({"kl": 0.02}, "trl")
+
+
 def test_the_reward_kl_coefficient_wins_over_the_loss_one():
     obs = read_metrics({"actor/reward_kl_penalty": 0.01, "actor/reward_kl_penalty_coeff": 0.05,
                         "actor/kl_loss": 0.3, "actor/kl_coef": 0.001})
@@ -93,5 +108,7 @@ def test_which_rules_a_trainers_map_leaves_without_input():
     """From the rules' declarations: TRL logs no actor/ppo_kl, OpenRLHF no KL coefficient (docs/integrations.md)."""
     trl, openrlhf = set(TRL_METRICS.values()), set(OPENRLHF_METRICS.values())
     assert "ppo_kl" in rules_without_input(trl) and "kl_hard" not in rules_without_input(trl)
+    assert "kl_growth" not in rules_without_input(trl)  # the token-mean KL times the mean length
+    assert "kl_growth" in rules_without_input(trl - {"response_length/mean"})
     assert "penalty_share" in rules_without_input(openrlhf) and "ppo_kl" not in rules_without_input(openrlhf)
     assert "val_drop" not in rules_without_input({"val-core/gsm8k/acc/mean@1"})

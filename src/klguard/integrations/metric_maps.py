@@ -20,6 +20,7 @@ from klguard.guard.signals import (
     GRAD_NORM,
     KL_COEF,
     KL_LOSS_COEF,
+    KL_SEQ_SUM,
     LENGTH,
     LR,
     PG_LOSS,
@@ -165,6 +166,21 @@ def tensorboard_names(tags: Mapping[str, float], trainer: str) -> dict[str, floa
     return named
 
 
+KL_TOKEN_MEANS = (REF_KL, REF_KL_LOSS)
+"""The token-mean KLs a trainer logs (in the reward, in the loss), in the order `with_kl_per_sequence` reads them."""
+
+
+def with_kl_per_sequence(metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` with `actor/kl_seq_sum` (what the kl_growth signal reads) where a trainer logs a token-mean KL and the
+    mean response length but no KL per sequence (TRL, verl): their product. TRL's and verl's KL is the mean over the
+    batch's tokens, so the product is the mean over sequences of each one's summed KL (with gradient accumulation,
+    TRL logs the mean of its micro-batches' means: then it is an estimate). A step that logs its own is kept."""
+    kl = next((metrics[k] for k in KL_TOKEN_MEANS if k in metrics), None)
+    if KL_SEQ_SUM in metrics or kl is None or LENGTH not in metrics:
+        return metrics
+    return {**metrics, KL_SEQ_SUM: kl * metrics[LENGTH]}
+
+
 def to_klguard_names(logs: Mapping[str, object], trainer: str | None) -> dict[str, float]:
     """The finite numeric entries of ``logs`` under klguard's names (a mapped name replaces the trainer's,
     unmapped names are kept as they are; trainer None: verl's and klguard's names, kept)."""
@@ -176,7 +192,7 @@ def to_klguard_names(logs: Mapping[str, object], trainer: str | None) -> dict[st
         name, new = converted(key, float(value), trainer) or (mapping.get(key, key), float(value))
         if new is not None:
             out[name] = new
-    return out
+    return with_kl_per_sequence(out)
 
 
 _VERL_TEST_SCORE = re.compile(r"^test_score/(.+)$")
@@ -241,12 +257,15 @@ def guard_names(raw: Mapping[str, float], trainer: str | None,
         parts = [v for k, v in raw.items() if k.startswith("rewards/") and k.endswith("/mean")]
         if parts:
             out[SCORE] = sum(parts)
-    return out
+    return with_kl_per_sequence(out)
 
 
 def rules_without_input(names: Collection[str]) -> list[str]:
     """The guard's rules and signals that none of `names` (a map's guard names, or a log's) gives an input: they
-    cannot fire there (TRL's map has no actor/ppo_kl, OpenRLHF's no KL coefficient)."""
+    cannot fire there (TRL's map has no actor/ppo_kl, OpenRLHF's no KL coefficient). The KL per sequence counts as
+    given where a token-mean KL and the mean length are (`with_kl_per_sequence`)."""
+    if LENGTH in names and any(k in names for k in KL_TOKEN_MEANS):
+        names = {*names, KL_SEQ_SUM}
     return [r.name for r in rules() if any(not any(_matches(names, wanted) for wanted in group) for group in r.reads)]
 
 

@@ -66,6 +66,7 @@ def test_trl_console_dicts_with_quoted_numbers_are_numbers(tmp_path, capsys):
     (tmp_path / "trl.out").write_text("\n".join(lines) + "\n")
     assert main(["watch", str(tmp_path / "trl.out")]) == 3  # KL 0.8 > 0.5 at entries 4, 5, 6
     out = capsys.readouterr().out
-    found = "actor/kl_loss, actor/grad_norm, actor/pg_loss, critic/score/mean, response_length/mean"
+    found = ("actor/kl_loss, actor/grad_norm, actor/pg_loss, actor/kl_seq_sum, critic/score/mean, "
+             "response_length/mean")
     assert f"guard inputs found: {found}" in out
     assert "stop the run at step 6" in out

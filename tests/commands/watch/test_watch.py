@@ -255,8 +255,8 @@ def test_a_perplexity_every_10_steps_feeds_the_reference_nll_signal(tmp_path, ca
     path = perplexity_log(tmp_path / "metrics.jsonl", "eval_perplexity", math.exp(nll))
     assert main(["watch", path]) == 0  # ref_nll is logged only by default
     out = capsys.readouterr().out
-    assert "guard inputs found: actor/kl_loss, actor/grad_norm, critic/score/mean, response_length/mean, " \
-           "hacking/ref_nll, val-core/*/acc/* (plain" in out
+    assert "guard inputs found: actor/kl_loss, actor/grad_norm, actor/kl_seq_sum, critic/score/mean, " \
+           "response_length/mean, hacking/ref_nll, val-core/*/acc/* (plain" in out
     assert "read by meaning: eval_reward -> val-core/eval_reward/acc/mean@1" in out
     assert main(["watch", path, REF_NLL_ON]) == code  # baseline: step 0's value 1.2, + guard.ref_nll_rise 0.5
     out = capsys.readouterr().out
