@@ -162,6 +162,7 @@ def test_a_rollback_restores_the_newest_stable_checkpoint_that_exists_then_tight
                           ("set_lr_scale", 0.5, 0.5)]
     assert [e["kind"] for e in host.events] == ["rollback", "reanchor_reference", "lower_target_kl",
                                                 "raise_kl_coef", "cut_lr"]
+    assert host.events[0]["restored_step"] == 4
     assert s.guard.reference_step == 4 and s.guard.lr_scale == 0.5 and s.pause_reason is None
 
 
@@ -172,6 +173,7 @@ def test_with_no_stable_checkpoint_the_reference_is_restored():
     s.observe(5, dict(QUIET, **HARD))
     assert host.calls[:2] == [("restore_checkpoint", 3), ("restore_reference", 0)]
     assert ("reanchor_reference", 0) not in host.calls  # the reference already holds step 0's policy
+    assert host.events[0]["kind"] == "rollback" and host.events[0]["restored_step"] == 0
     assert s.pause_reason is None
 
 
@@ -180,6 +182,7 @@ def test_with_neither_a_checkpoint_nor_the_reference_it_pauses():
     s = session(host, TRL_KEYS, reanchor_on_rollback=True)
     s.observe(5, dict(QUIET, **HARD))
     rollback = host.events[0]
+    assert rollback["kind"] == "rollback" and rollback["restored_step"] is None
     reason = (f"{rollback['reason']} No stable checkpoint is on disk and the reference cannot be restored: paused "
               "instead (set save_steps).")
     assert host.calls == [("restore_reference", 0), ("pause", reason), ("say", f"klguard: paused at step 5: {reason}"),

@@ -121,7 +121,7 @@ class GuardSession:
 
     def apply(self, action: Action) -> None:
         """Write `action` to events.jsonl and have the host carry it out."""
-        if action.kind != "pause":  # a pause's event carries its hint
+        if action.kind not in ("pause", "rollback"):  # a pause's event carries its hint, a rollback's what it restored
             self.host.write_event(action.to_dict())
         self._handlers[action.kind](action)
 
@@ -164,7 +164,8 @@ class GuardSession:
 
     def _rollback(self, action: Action) -> None:
         """The newest stable checkpoint that still exists, else the reference, else a pause; then the guard's
-        follow-ups for the restored step (re-anchoring, the warm-up)."""
+        follow-ups for the restored step (re-anchoring, the warm-up). The event names the step restored (None: the
+        rollback became a pause)."""
         self.last_rollback_step = action.step
         restored = None
         for step in reversed(self.stable):
@@ -173,6 +174,7 @@ class GuardSession:
                 break
         if restored is None:
             restored = self.host.restore_reference(self.guard.reference_step)
+        self.host.write_event(action.to_dict() | {"restored_step": restored})
         if restored is None:
             save = f" (set {self.keys.save_freq})" if self.keys is not None else ""
             self.pause(f"{action.reason} No stable checkpoint is on disk and the reference cannot be restored: "
