@@ -213,27 +213,6 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def markdown(report: dict) -> str:
-    """The table docs/benchmarks.md shows: per variant and contender, s/step, phases, peak RSS, the ratio."""
-    lines = ["| variant | contender | s/step (each step) | warm-up s | gen | ref | values | reward | update | other | "
-             "peak RSS MiB | TRL s / klguard s |", "|---" * 12 + "|"]
-    for r in report["results"]:
-        if "error" in r:
-            lines.append(f"| {r['variant']} | failed: {r['error'].splitlines()[0]} |" + " |" * 10)
-            continue
-        for contender, c in r["contenders"].items():
-            lora = " + LoRA" if r["variant"] == "lora" else ""
-            name = klguard_name(r) if contender == "klguard" else f"TRL {c['ready'].get('trl', '')} GRPOTrainer{lora}"
-            each = ", ".join(f"{x:.1f}" for x in c["s_per_step_all"])
-            p = c["phase_s"]
-            ratio = f"**{r['trl_s_over_klguard_s']:.2f}x**" if contender == "klguard" else ""
-            lines.append(f"| {r['variant']} | {name} | {c['s_per_step']:.1f} ({each}) | {c['warmup_s'][0]:.1f} | "
-                         f"{p['gen']:.1f} | {p['ref']:.1f} | {p.get('values', 0.0):.1f} | {p['reward']:.2f} | "
-                         f"{p['update']:.1f} | "
-                         f"{p['other']:.1f} | {c['peak_rss_mib']:.0f} | {ratio} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", nargs="+", default=["fp32", "bf16", "lora"], choices=VARIANTS)
@@ -245,11 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trl-ppo-python", default=str(BENCH / ".venv-trl" / "bin" / "python"),
                     help="the interpreter with trl 1.12 (trl.experimental.ppo), for the ppo variant")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--markdown", action="store_true", help="only print the Markdown table of the --out JSON")
     args = ap.parse_args(argv)
-    if args.markdown:
-        print(markdown(json.loads(args.out.read_text())))
-        return 0
     torch.set_num_threads(args.threads)
     started, load_start = time.perf_counter(), loadavg()
     print(f"load at start: {load_start}", flush=True)

@@ -280,6 +280,56 @@ def real_model_signals() -> str:
                   "median lead over peak / fall", "false alarms / healthy runs"], rows)
 
 
+def real_model_trl() -> str:
+    """benchmarks/real_model_trl.py: klguard's step against TRL's on SmolLM2, per variant, phases and peak RSS."""
+    data = load("real_model_trl.json")
+    rows = []
+    for r in data["results"]:
+        if "error" in r:
+            rows.append([r["variant"], f"failed: {r['error'].splitlines()[0]}"] + [""] * 10)
+            continue
+        for contender, c in r["contenders"].items():
+            lora = " + LoRA" if r["variant"] == "lora" else ""
+            if contender == "klguard":
+                name = "klguard" + (lora if r.get("klguard_lora") or not lora else " (full FT: no LoRA)")
+            else:
+                trainer = "PPOTrainer" if r["variant"] == "ppo" else "GRPOTrainer"
+                name = f"TRL {c['ready'].get('trl', '')} {trainer}{lora}"
+            p = c["phase_s"]
+            each = ", ".join(f"{x:.1f}" for x in c["s_per_step_all"])
+            ratio = f"**{r['trl_s_over_klguard_s']:.2f}x**" if contender == "klguard" else ""
+            rows.append([r["variant"], name, f"{c['s_per_step']:.1f} ({each})", f"{c['warmup_s'][0]:.1f}",
+                         f"{p['gen']:.1f}", f"{p['ref']:.1f}", f"{p.get('values', 0.0):.1f}", f"{p['reward']:.2f}",
+                         f"{p['update']:.1f}", f"{p['other']:.1f}", f"{c['peak_rss_mib']:.0f}", ratio])
+    head = ["variant", "contender", "s/step (each step)", "warm-up s", "gen", "ref", "values", "reward", "update",
+            "other", "peak RSS MiB", "TRL s / klguard s"]
+    m = data["machine"]
+    versions = sorted({f"{k} {v}" for r in data["results"] for c in r.get("contenders", {}).values()
+                       for k, v in c["ready"].items() if k in ("torch", "transformers", "trl")})
+    flags = ", ".join(m["bf16"].get("cpu_flags", [])) or "no bf16 instructions"
+    loads = [x for r in data["results"] for x in r.get("load_1min_per_round", [])]
+    note = (f"\n{m['cpu']}, {m['cpu_count']} cores ({flags}), {m['threads_per_contender']} thread per contender; "
+            f"{'; '.join(versions)}; {data['warmup']} warm-up + {data['steps']} measured steps per contender, "
+            f"{data['elapsed_s'] / 60:.1f} min; load average {min(loads):.1f}-{max(loads):.1f} over the rounds.\n")
+    return table(head, rows) + note
+
+
+def trl_real_model() -> str:
+    """examples/trl/grpo_real_model.py runs (benchmarks/trl_real_model.py): held-out figures and the guard's acts."""
+    data = load("trl_real_model.json")
+    rows = []
+    for name, r in sorted(data["runs"].items(), key=lambda kv: (kv[1]["seed"], kv[0])):
+        restored = r["restored"] or [None] * len(r["rollbacks"])
+        rollbacks = "; ".join(f"{b['step']} ({b['rule']}, {b['value']:.2f}) -> "
+                              + ("the start" if to == 0 else f"step {to}")
+                              for b, to in zip(r["rollbacks"], restored, strict=True)) or "-"
+        rows.append([r["seed"], name.split("/")[0], g4(r["train_log"][0].get("beta", r["final_beta"])),
+                     f3(r["gold"]), f"{r['hacking_rate']:.2f}", f"{r['response_length']:.1f}", g4(r["final_beta"]),
+                     rollbacks, f"{r['train_runtime_s'] / 60:.0f}"])
+    return table(["seed", "run", "starting beta", "held-out gold", "hacked", "length (tokens)", "final beta",
+                  "rollbacks: step (rule, KL a token) -> step restored", "minutes"], rows)
+
+
 # --- calibration, TRL, throughput, rollout, tensor parallelism, soak ---------------------------------------------
 
 def first_run() -> str:
@@ -580,6 +630,8 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "default_grid.md": ("benchmarks/results/first_run.json", default_grid),
     "trl_guard.md": ("benchmarks/results/trl_guard.json", trl_guard),
     "real_model.md": ("benchmarks/results/real_model.json", real_model),
+    "real_model_trl.md": ("benchmarks/results/real_model_trl.json", real_model_trl),
+    "trl_real_model.md": ("benchmarks/results/trl_real_model.json", trl_real_model),
     "real_model_samples.md": ("benchmarks/results/real_model.json", real_model_samples),
     "real_model_signals.md": ("benchmarks/results/real_model.json", real_model_signals),
     "throughput.md": ("benchmarks/results/throughput.json", throughput),
