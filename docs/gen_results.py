@@ -280,9 +280,9 @@ def real_model_signals() -> str:
                   "median lead over peak / fall", "false alarms / healthy runs"], rows)
 
 
-def real_model_trl() -> str:
+def real_model_trl(name: str = "real_model_trl.json") -> str:
     """benchmarks/real_model_trl.py: klguard's step against TRL's on SmolLM2, per variant, phases and peak RSS."""
-    data = load("real_model_trl.json")
+    data = load(name)
     rows = []
     for r in data["results"]:
         if "error" in r:
