@@ -3,6 +3,8 @@ trainers for many minutes and is not run here)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -10,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench_scripts import import_scripts
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -63,20 +67,33 @@ def test_phases_map_each_trainers_names(bench):
                                                    "reward": 0.0, "update": 6.0}
 
 
-def test_the_markdown_table_names_klguards_lora_row_by_what_it_ran(bench):
+def test_the_docs_table_names_each_row_by_what_it_ran(bench, tmp_path, monkeypatch):
+    """docs/gen_results.py's table of this benchmark's JSON: klguard's lora row by what it ran (results from before
+    klguard had LoRA were its full fine-tune), TRL's trainer by variant, a failed variant in one row."""
     trl_bench, _ = bench
+    spec = importlib.util.spec_from_file_location("gen_results", ROOT / "docs" / "gen_results.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
     contender = {"s_per_step": 2.0, "s_per_step_all": [2.0, 2.0], "warmup_s": [3.0], "peak_rss_mib": 100.0,
-                 "phase_s": {p: 0.1 for p in trl_bench.PHASES}, "ready": {"trl": "1.16.0"}}
-    report = {"results": [{"variant": "lora", "trl_s_over_klguard_s": 1.5,
+                 "phase_s": {p: 0.1 for p in trl_bench.PHASES}, "ready": {"trl": "1.16.0", "torch": "2.13.0"}}
+    report = {"machine": {"cpu": "cpu", "cpu_count": 2, "threads_per_contender": 1, "bf16": {"cpu_flags": []}},
+              "warmup": 1, "steps": 2, "elapsed_s": 60.0,
+              "results": [{"variant": "lora", "trl_s_over_klguard_s": 1.5, "load_1min_per_round": [1.0],
+                           "contenders": {"klguard": contender, "trl": contender}},
+                          {"variant": "ppo", "trl_s_over_klguard_s": 1.2, "load_1min_per_round": [2.0],
                            "contenders": {"klguard": contender, "trl": contender}},
                           {"variant": "bf16", "error": "trl worker exited (code -9)\nmore"}]}
-    lines = trl_bench.markdown(report).splitlines()
-    assert "klguard (full FT: no LoRA)" in lines[2] and "**1.50x**" in lines[2]  # a result from before klguard's LoRA
-    assert "TRL 1.16.0 GRPOTrainer + LoRA" in lines[3]
-    assert "failed: trl worker exited (code -9)" in lines[4]
-    assert len({line.count("|") for line in lines}) == 1  # every row has the header's columns
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    monkeypatch.setattr(gen, "RESULTS", tmp_path)
+    lines = gen.real_model_trl("r.json").splitlines()
+    assert "klguard (full FT: no LoRA)" in lines[2] and "**1.50x**" in lines[2]
+    assert "TRL 1.16.0 GRPOTrainer + LoRA" in lines[3] and "TRL 1.16.0 PPOTrainer |" in lines[5]
+    assert "failed: trl worker exited (code -9)" in lines[6]
+    assert len({line.count("|") for line in lines[:7]}) == 1  # every row has the header's columns
+    assert "load average 1.0-2.0" in lines[-1]
     report["results"][0]["klguard_lora"] = True
-    assert "| klguard + LoRA |" in trl_bench.markdown(report).splitlines()[2]
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    assert "| klguard + LoRA |" in gen.real_model_trl("r.json").splitlines()[2]
 
 
 def test_ppo_runs_a_critic_and_a_reward_model_in_the_same_micro_batches_as_trl(bench, tmp_path):
