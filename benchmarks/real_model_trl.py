@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for variant in args.variants:
-        print(f"{variant}: klguard vs TRL GRPOTrainer", flush=True)
+        print(f"{variant}: klguard vs TRL", flush=True)
         report["results"].append(run_variant(variant, args, policy))
         report.update(load_end=loadavg(), elapsed_s=time.perf_counter() - started)
         args.out.write_text(json.dumps(report, indent=1) + "\n")  # after every variant

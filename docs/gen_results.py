@@ -631,6 +631,8 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "trl_guard.md": ("benchmarks/results/trl_guard.json", trl_guard),
     "real_model.md": ("benchmarks/results/real_model.json", real_model),
     "real_model_trl.md": ("benchmarks/results/real_model_trl.json", real_model_trl),
+    "real_model_trl_ppo_lora.md": ("benchmarks/results/real_model_trl_ppo_lora.json",
+                                   lambda: real_model_trl("real_model_trl_ppo_lora.json")),
     "trl_real_model.md": ("benchmarks/results/trl_real_model.json", trl_real_model),
     "real_model_samples.md": ("benchmarks/results/real_model.json", real_model_samples),
     "real_model_signals.md": ("benchmarks/results/real_model.json", real_model_signals),
