@@ -14,14 +14,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+from importlib.metadata import version
 from pathlib import Path
+
+from real_model_speed import _cpu_name
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trl_real_model.json"
 TRAIN_LOG_KEYS = ("kl", "rewards/proxy/mean", "rewards/gold/mean", "rewards/hacking/mean", "completions/mean_length",
                   "entropy", "beta")
-MACHINE = "2-core AMD EPYC (avx512_bf16), 24 GiB; torch 2.13.0+cpu, transformers 5.10.4, trl 1.16.0"
+
+
+def machine() -> str:
+    """This machine and the libraries of this interpreter (the one the example's runs used)."""
+    libraries = ", ".join(f"{name} {version(name)}" for name in ("torch", "transformers", "trl"))
+    return f"{os.cpu_count()}-core {_cpu_name()}; {libraries}"
 
 
 def restored_from_console(log: Path) -> list[int]:
@@ -61,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     report = json.loads(args.out.read_text()) if args.add and args.out.is_file() else {
         "command": "python examples/trl/grpo_real_model.py --seed N --out OUT [--beta B] (one thread per run, two "
-                   "runs side by side), collected by benchmarks/trl_real_model.py", "machine": MACHINE, "runs": {}}
+                   "runs side by side), collected by benchmarks/trl_real_model.py", "machine": machine(), "runs": {}}
     for spec in args.runs:
         label, _, where = spec.partition("=")
         folder, _, console = where.partition(":")

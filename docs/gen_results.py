@@ -291,14 +291,14 @@ def real_model_trl(name: str = "real_model_trl.json") -> str:
         for contender, c in r["contenders"].items():
             lora = " + LoRA" if r["variant"] == "lora" else ""
             if contender == "klguard":
-                name = "klguard" + (lora if r.get("klguard_lora") or not lora else " (full FT: no LoRA)")
+                shown = "klguard" + (lora if r.get("klguard_lora") or not lora else " (full FT: no LoRA)")
             else:
                 trainer = "PPOTrainer" if r["variant"] == "ppo" else "GRPOTrainer"
-                name = f"TRL {c['ready'].get('trl', '')} {trainer}{lora}"
+                shown = f"TRL {c['ready'].get('trl', '')} {trainer}{lora}"
             p = c["phase_s"]
             each = ", ".join(f"{x:.1f}" for x in c["s_per_step_all"])
             ratio = f"**{r['trl_s_over_klguard_s']:.2f}x**" if contender == "klguard" else ""
-            rows.append([r["variant"], name, f"{c['s_per_step']:.1f} ({each})", f"{c['warmup_s'][0]:.1f}",
+            rows.append([r["variant"], shown, f"{c['s_per_step']:.1f} ({each})", f"{c['warmup_s'][0]:.1f}",
                          f"{p['gen']:.1f}", f"{p['ref']:.1f}", f"{p.get('values', 0.0):.1f}", f"{p['reward']:.2f}",
                          f"{p['update']:.1f}", f"{p['other']:.1f}", f"{c['peak_rss_mib']:.0f}", ratio])
     head = ["variant", "contender", "s/step (each step)", "warm-up s", "gen", "ref", "values", "reward", "update",
