@@ -117,13 +117,15 @@ def test_data_builtin_task_chooses_the_task_and_its_recipe_loads() -> None:
     assert TASK_RECIPES["constraints"] is CONSTRAINTS
 
 
-def test_the_real_model_guard_settings_load() -> None:
-    from klguard.builtin.recipes import CONSTRAINTS_RM, REAL_MODEL_GUARD
+def test_the_constraints_rm_demo_runs_the_real_model_guard_settings() -> None:
+    """`klguard demo --task constraints-rm` trains the guard the real-model page measured best (`guarded_real`)."""
+    from klguard.builtin.recipes import TASK_RECIPES
     from klguard.config import load_config
 
-    cfg = load_config(None, [*CONSTRAINTS_RM, *REAL_MODEL_GUARD]).config
-    assert (cfg.trainer.save_freq, cfg.guard.kl_growth_min) == (5, 4.0)
+    cfg = load_config(None, list(TASK_RECIPES["constraints-rm"])).config
+    assert (cfg.trainer.save_freq, cfg.guard.kl_growth_min, cfg.trainer.max_actor_ckpt_to_keep) == (5, 4.0, 2)
     assert "kl_growth" in cfg.guard.hacking_signals
+    assert cfg.guard.val_metric == "val-aux/*/score/*"  # no rule reads gold
 
 
 def test_demo_task_constraints_puts_the_recipe_before_the_users_keys(capsys) -> None:

@@ -67,6 +67,10 @@ CONSTRAINTS_RM: tuple[str, ...] = (
     *CONSTRAINTS, "proxy_reward.kind=learned_rm", "proxy_reward.learned_rm.samples=768",
     "reward_model.micro_batch_size_per_gpu=32", "actor_rollout_ref.actor.optim.lr=3e-5", *NO_GOLD_GUARD,
 )
-# `klguard demo --task NAME`
-TASK_RECIPES: dict[str, tuple[str, ...]] = {"arith": (), "reviews": REVIEWS, "constraints": CONSTRAINTS,
-                                            "constraints-rm": CONSTRAINTS_RM}
+# `klguard demo --task NAME`; constraints-rm: the guard as the real-model page's `guarded_real` runs set it, keeping
+# the 2 newest checkpoints (and the one the guard last found stable, which retention spares): SmolLM2's checkpoint
+# with its optimizer state is 1.6 GB, so keeping all 8 would take 13 GB a run
+TASK_RECIPES: dict[str, tuple[str, ...]] = {
+    "arith": (), "reviews": REVIEWS, "constraints": CONSTRAINTS,
+    "constraints-rm": (*CONSTRAINTS_RM, *REAL_MODEL_GUARD, "trainer.max_actor_ckpt_to_keep=2"),
+}
