@@ -14,8 +14,8 @@ from guard_streams import QUIET, Driver, steps
 from klguard.commands.watch_rules import blind_to, inputs_line, off_line, rules_lines
 from klguard.fields import at_least
 from klguard.guard import INPUT_METRICS, GuardConfig, GuardRule, GuardSession, Key, KLGuard, register, registry
+from klguard.guard.inputs import rules_without_input
 from klguard.guard.step import Evidence, Step
-from klguard.integrations.metric_maps import rules_without_input
 
 ECHO = "hacking/test_echo"
 NEW_RULES = ("length_collapse", "length_growth", "entropy_blowup", "reward_collapse", "loss_explosion", "policy_ratio",

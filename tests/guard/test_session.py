@@ -364,3 +364,26 @@ def test_a_pause_of_the_hosts_own_is_said_at_its_step():
     s.pause("4 steps in a row had non-finite values.", 4)
     assert host.calls == [("pause", "4 steps in a row had non-finite values."),
                           ("say", "klguard: paused at step 4: 4 steps in a row had non-finite values.")]
+
+
+def test_a_rule_without_input_in_the_first_steps_is_named_once() -> None:
+    """A trainer that logs no KL per sequence (and no token-mean KL with a length to derive it from) leaves kl_growth
+    blind: after the baseline window the session says so, once, with the metric it lacks."""
+    host = FakeHost()
+    s = session(host, baseline_window=3, hacking_signals=["kl_growth", "length_growth"])
+    without = {k: v for k, v in QUIET.items() if k not in ("actor/kl_seq_sum", "actor/reward_kl_penalty")}
+    for step in range(1, 7):
+        s.observe(step, without)
+    said = [c[1] for c in host.calls if c[0] == "say"]
+    assert len(said) == 1 and said[0].startswith("klguard: no input in the first 3 steps for ")
+    assert "kl_growth (actor/kl_seq_sum)" in said[0] and "length_growth" not in said[0]
+    assert "kl_hard (actor/reward_kl_penalty or actor/kl_loss)" in said[0]  # no KL at all: the KL rules too
+
+
+def test_a_run_that_logs_every_input_hears_nothing_of_them() -> None:
+    host = FakeHost()
+    s = session(host, baseline_window=3, hacking_signals=["kl_growth", "length_growth"])
+    for step in range(1, 5):
+        s.observe(step, QUIET)
+    said = " ".join(c[1] for c in host.calls if c[0] == "say")
+    assert "kl_growth" not in said and "kl_hard" not in said and "length_growth" not in said

@@ -9,13 +9,13 @@ import sys
 import pytest
 
 from klguard.errors import UserError
+from klguard.guard.inputs import rules_without_input
 from klguard.guard.signals import read_metrics
 from klguard.integrations.gold import GoldWindow
 from klguard.integrations.metric_maps import (
     OPENRLHF_METRICS,
     TRL_METRICS,
     guard_names,
-    rules_without_input,
     split_target,
     to_klguard_names,
 )

@@ -6,9 +6,9 @@ from its declaration (klguard.guard.registry): a new one is listed here without 
 from __future__ import annotations
 
 from collections.abc import Collection
-from fnmatch import fnmatchcase
 
 from klguard.guard import KLGuard
+from klguard.guard.inputs import matches, missing_input
 from klguard.guard.registry import GuardRule, rules
 from klguard.guard.signals import REF_KL, REF_KL_LOSS, VAL_METRIC
 
@@ -17,17 +17,11 @@ KL = (REF_KL, REF_KL_LOSS)
 STOPS = ("rollback", "pause")  # the actions that stop a watched run (exit 3); the others are advice
 
 
-def has(names: Collection[str], wanted: str) -> bool:
-    if wanted == VAL:
-        return any(n.startswith("val-core/") and "/acc/" in n for n in names)
-    return any(fnmatchcase(n, wanted) for n in names) if "*" in wanted else wanted in names
-
-
 def inputs_line(names: Collection[str]) -> str:
     """The guard inputs among a log's (mapped) metric names: the KL first, the validation score last."""
     read = [name for r in rules() for group in r.reads for name in group]
     wanted = dict.fromkeys([*KL, *(n for n in read if n not in KL and n != VAL), VAL])
-    found = [w for w in wanted if has(names, w)]
+    found = [w for w in wanted if matches(names, w)]
     return "guard inputs found: " + (", ".join(found) if found else "none")
 
 
@@ -67,5 +61,5 @@ def _on(guard: KLGuard) -> list[GuardRule]:
 
 def _lacks(rule: GuardRule, names: Collection[str]) -> str:
     """The first input group the rule lacks in `names` (its first two names), or "" when it has them all."""
-    missing = [group for group in rule.reads if not any(has(names, name) for name in group)]
-    return " or ".join(missing[0][:2]) if missing else ""
+    missing = missing_input(rule, names)
+    return " or ".join(missing[:2]) if missing else ""

@@ -17,7 +17,8 @@ what every host would otherwise write again:
 - the warm-up's hold of the KL coefficient: no controller update while it holds (`update_kl`), and the coefficient
   to set again before each step where the host's controller cannot hold (`held_kl_coef`);
 - the KL controller, for a host that has none of its own (TRL);
-- the pause reason, with a hint in the host's own spelling of the settings to change.
+- the pause reason, with a hint in the host's own spelling of the settings to change;
+- saying, once the first steps are in, which rules the host's metrics give no input (`_check_inputs`).
 
 The guard's state holds the lr scale, the gradient clip it set (or last saw in the metrics) and the step whose
 policy the reference is; hosts read them from the session's KLGuard (`session.guard.lr_scale`, ...), none keeps its
@@ -37,6 +38,7 @@ from klguard.guard.actions import Action
 from klguard.guard.config import GuardConfig
 from klguard.guard.guard import KLGuard
 from klguard.guard.host import GuardHost, HostKeys, KLCoefController, KLSetup
+from klguard.guard.inputs import missing_input
 from klguard.guard.state import READABLE_VERSIONS, STATE_VERSION
 from klguard.guard.tighten import KL_COEF_CAP
 
@@ -68,6 +70,8 @@ class GuardSession:
         self.last_rollback_step: int | None = None
         self.observed: int | None = None  # the last step whose metrics the session took
         self.saving: int | None = None  # a checkpoint written during a step whose metrics have not come yet
+        self.inputs_seen: set[str] | None = set()  # the metric names of the first steps (None: checked)
+        self.input_steps = 0
         self._handlers: dict[str, Callable[[Action], None]] = {
             "warn": lambda action: None, "cut_lr": self._cut_lr, "raise_kl_coef": self._set_kl_coef,
             "freeze_kl_coef": self._set_kl_coef, "release_kl_coef": self._set_kl_coef,
@@ -93,6 +97,7 @@ class GuardSession:
         """Step `step`'s metrics: the guard's actions, applied in order and returned; then the pending checkpoint
         becomes stable if this step found its weights calm (`measured`: this step did measure them, e.g. it was
         not skipped for a non-finite value)."""
+        self._check_inputs(metrics)
         actions = self.guard.observe(step, metrics)
         for action in actions:
             self.apply(action)
@@ -105,6 +110,22 @@ class GuardSession:
         self.saving = None if self.saving is not None and self.saving <= step else self.saving
         self.observed = step
         return actions
+
+    def _check_inputs(self, metrics: Mapping[str, float]) -> None:
+        """After the first `guard.baseline_window` steps, say once which rules that can fire here got no input in
+        any of them (a trainer that logs no KL; a signal whose metric it does not log): blind, not calm."""
+        if self.inputs_seen is None:
+            return
+        self.inputs_seen.update(metrics)
+        self.input_steps += 1
+        if self.input_steps < self.guard.cfg.baseline_window:
+            return
+        seen, self.inputs_seen = self.inputs_seen, None
+        lacking = [f"{r.name} ({' or '.join(missing)})" for r in registry.rules() if r.active(self.guard)
+                   and (missing := missing_input(r, seen, self.guard.cfg.val_metric)) is not None]
+        if lacking:
+            self.host.say(f"klguard: no input in the first {self.input_steps} steps for {', '.join(lacking)}: "
+                          "these cannot fire until a step logs it")
 
     def update_kl(self, kl: float, n_steps: int, controller: KLCoefController | None = None) -> None:
         """The KL controller (the host's `controller`, else the session's own) takes the step's KL, unless the

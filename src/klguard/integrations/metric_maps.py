@@ -3,7 +3,7 @@
 Shared by every integration and by `klguard report` on another trainer's output folder: a metric
 name appears here once. klguard's own runs and verl log verl's names already and need no map (trainer None). The
 guard's names are its rules' (klguard.guard.signals, their declarations in klguard/guard/rules/); which rules a
-trainer's map leaves without an input is `rules_without_input`'s answer.
+trainer's map leaves without an input is klguard.guard.inputs.rules_without_input's answer.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Mapping
-from fnmatch import fnmatchcase
 
 from klguard.errors import UserError
-from klguard.guard.registry import rules
+from klguard.guard.inputs import KL_TOKEN_MEANS
 from klguard.guard.signals import (
     ENTROPY,
     GRAD_NORM,
@@ -166,10 +165,6 @@ def tensorboard_names(tags: Mapping[str, float], trainer: str) -> dict[str, floa
     return named
 
 
-KL_TOKEN_MEANS = (REF_KL, REF_KL_LOSS)
-"""The token-mean KLs a trainer logs (in the reward, in the loss), in the order `with_kl_per_sequence` reads them."""
-
-
 def with_kl_per_sequence(metrics: dict[str, float]) -> dict[str, float]:
     """`metrics` with `actor/kl_seq_sum` (what the kl_growth signal reads) where a trainer logs a token-mean KL and the
     mean response length but no KL per sequence (TRL, verl): their product. TRL's and verl's KL is the mean over the
@@ -258,16 +253,3 @@ def guard_names(raw: Mapping[str, float], trainer: str | None,
         if parts:
             out[SCORE] = sum(parts)
     return with_kl_per_sequence(out)
-
-
-def rules_without_input(names: Collection[str]) -> list[str]:
-    """The guard's rules and signals that none of `names` (a map's guard names, or a log's) gives an input: they
-    cannot fire there (TRL's map has no actor/ppo_kl, OpenRLHF's no KL coefficient). The KL per sequence counts as
-    given where a token-mean KL and the mean length are (`with_kl_per_sequence`)."""
-    if LENGTH in names and any(k in names for k in KL_TOKEN_MEANS):
-        names = {*names, KL_SEQ_SUM}
-    return [r.name for r in rules() if any(not any(_matches(names, wanted) for wanted in group) for group in r.reads)]
-
-
-def _matches(names: Collection[str], wanted: str) -> bool:
-    return any(fnmatchcase(n, wanted) for n in names) if "*" in wanted else wanted in names
