@@ -387,3 +387,14 @@ def test_a_run_that_logs_every_input_hears_nothing_of_them() -> None:
         s.observe(step, QUIET)
     said = " ".join(c[1] for c in host.calls if c[0] == "say")
     assert "kl_growth" not in said and "kl_hard" not in said and "length_growth" not in said
+
+
+def test_the_missing_validation_score_is_named_as_the_guard_reads_it() -> None:
+    """With `guard.val_metric` set (a user without gold reads the reward's own held-out score), a run that never
+    validates hears that name, not the default gold one."""
+    host = FakeHost()
+    s = session(host, baseline_window=2, val_metric="val-aux/*/score/*")
+    for step in range(1, 3):
+        s.observe(step, QUIET)
+    said = " ".join(c[1] for c in host.calls if c[0] == "say")
+    assert "val_drop (val-aux/*/score/*)" in said and "val-core" not in said

@@ -27,10 +27,10 @@ def rules_without_input(names: Collection[str], val_metric: str = VAL_METRIC) ->
 
 
 def missing_input(rule: GuardRule, names: Collection[str], val_metric: str = VAL_METRIC) -> tuple[str, ...] | None:
-    """The first of `rule`'s input groups that none of `names` gives (None: it has them all); `val_metric`
-    (guard.val_metric) is what a rule reading the validation score reads."""
-    return next((group for group in rule.reads
-                 if not any(matches(names, val_metric if wanted == VAL_METRIC else wanted) for wanted in group)), None)
+    """The first of `rule`'s input groups that none of `names` gives (None: it has them all), as the guard reads it:
+    `val_metric` (guard.val_metric) where the rule reads the validation score."""
+    groups = (tuple(val_metric if wanted == VAL_METRIC else wanted for wanted in group) for group in rule.reads)
+    return next((group for group in groups if not any(matches(names, wanted) for wanted in group)), None)
 
 
 def matches(names: Collection[str], wanted: str) -> bool:
