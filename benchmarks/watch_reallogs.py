@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 
 from klguard.commands.watch import EXIT_BLIND, STOP_KINDS, Watch, WatchOptions
-from klguard.commands.watch_rules import KL, VAL, has
+from klguard.commands.watch_rules import KL, VAL
 from klguard.errors import UserError
 from klguard.guard.config import DEFAULT_HACKING_SIGNALS, EXTERNAL_HOST_DEFAULTS
+from klguard.guard.inputs import matches
 from klguard.guard.signals import ENTROPY, GRAD_NORM, LENGTH, PPO_KL, REF_NLL, SCORE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +73,9 @@ def watch_one(log: Path, events: Path, overrides: list[str] | None = None) -> di
     inputs = []
     inferred = set(watch.reader.inference.renames.values())
     for name, short in SHORT.items():
-        if has(watch.names, name) and short not in inputs and short + "*" not in inputs:
-            inputs.append(short + ("*" if has(inferred, name) and not has(watch.names - inferred, name) else ""))
+        if matches(watch.names, name) and short not in inputs and short + "*" not in inputs:
+            read_by_meaning = matches(inferred, name) and not matches(watch.names - inferred, name)
+            inputs.append(short + ("*" if read_by_meaning else ""))
     counted = " (entries)" if watch.reader.counted else ""
     return {"log": log.name, "format": watch.reader.format, "trainer": watch.reader.trainer,
             "steps": watch.read, "steps_counted_by_entry": watch.reader.counted, "span": watch.span,
@@ -85,7 +87,7 @@ def watch_one(log: Path, events: Path, overrides: list[str] | None = None) -> di
                                               "threshold": stop.threshold, "reason": stop.reason},
             "said": said[1:] + printed.getvalue().splitlines(),  # less the first line: paths of this machine
             "ref_nll_runs": {key: _decision(log, events, extra) for key, extra in REF_NLL_RUNS.items()}
-            if has(watch.names, REF_NLL) and overrides is None else None}
+            if matches(watch.names, REF_NLL) and overrides is None else None}
 
 
 def _decision(log: Path, events: Path, overrides: list[str]) -> dict:
