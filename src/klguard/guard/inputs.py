@@ -1,7 +1,8 @@
 """Which of the guard's rules a run's metrics give no input: those rules cannot fire there.
 
 `klguard watch` lists them for a log, the name maps for a trainer (klguard.integrations.metric_maps), and
-GuardSession says once, early in a live run, which of the hacking signals the run asked for have none.
+GuardSession says once, after a live run's first `guard.baseline_window` steps, which of the rules that can fire
+there had none.
 """
 
 from __future__ import annotations
