@@ -2,6 +2,7 @@
 
     python benchmarks/signal_onsets.py benchmarks/results/hacking   # every run directory under it
     python benchmarks/signal_onsets.py OUT/hacking --set kl_growth_min=0.5   # one guard threshold changed
+    python benchmarks/signal_onsets.py RUNS --host-defaults   # the guard as it runs on a Hugging Face model
 
 Each run's logged metrics are replayed through a fresh guard that measures every signal and acts on none
 (`guard.hacking_signals` = all, `hacking_action=none`), at the guard's default thresholds, so a run trained with
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 from klguard.guard import GuardConfig, KLGuard
+from klguard.guard.config import EXTERNAL_HOST_DEFAULTS
 from klguard.guard.signals import VAL_METRIC, validation_score
 from klguard.guard.state import HACK_SIGNALS
 
@@ -139,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                         "reads no gold)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="guard thresholds (guard.KEY, a number) the replayed guard uses instead of its defaults")
+    parser.add_argument("--host-defaults", action="store_true",
+                        help="start from the guard's defaults on a Hugging Face model (what klguard's trainer, the "
+                        "TRL callback and the verl plugin run there) instead of the built-in model's")
     args = parser.parse_args(argv)
-    thresholds = _thresholds(parser, args.set)
+    thresholds = {**(EXTERNAL_HOST_DEFAULTS if args.host_defaults else {}), **_thresholds(parser, args.set)}
     runs = collect(args.root, val_metric=args.val_metric, **thresholds)
     gold_free = tuple(n for n in HACK_SIGNALS if n != "proxy_val_divergence" or args.val_metric != VAL_METRIC)
     if not runs:

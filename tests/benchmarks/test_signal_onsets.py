@@ -81,3 +81,23 @@ def test_set_replaces_a_guard_threshold_and_a_bad_key_or_value_ends_with_one_lin
         with pytest.raises(SystemExit) as exit_:
             onsets.main([str(tmp_path), "--set", bad])
         assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_host_defaults_replay_the_guard_that_runs_on_a_hugging_face_model(tmp_path, capsys) -> None:
+    """A KL per sequence that rises from 0 (the policy starts at its reference): at the built-in model's defaults
+    kl_growth fires once its 10-step baseline is in; at the defaults every host uses on a Hugging Face model
+    (`baseline_settle` 10: the baseline is steps 11-20, already high) it does not."""
+    runs = tmp_path / "runs" / "verl_default" / "seed1"
+    runs.mkdir(parents=True)
+    rows = [{"step": 0, VAL: 0.5}]
+    for step in range(1, 41):
+        rows.append({"step": step, "actor/kl_seq_sum": 0.5 * step, "response_length/mean": 10.0,
+                     "actor/entropy": 1.0, "critic/score/mean": 1.0} | ({VAL: 0.5} if step % 10 == 0 else {}))
+    (runs / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (runs / "summary.json").write_text("{}")
+    (runs / "config.yaml").write_text("guard:\n  enable: false\n")
+    for flags, fires in (([], True), (["--host-defaults"], False)):
+        assert onsets.main([str(tmp_path / "runs"), *flags]) == 0
+        result = json.loads((tmp_path / "signal_onsets.json").read_text())
+        onset = result["runs"]["verl_default/seed1"]["onsets"]["kl_growth"]
+        assert (onset is not None) == fires, (flags, onset)
