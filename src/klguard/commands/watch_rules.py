@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from klguard.guard import KLGuard
-from klguard.guard.inputs import matches, missing_input
+from klguard.guard.inputs import KL_TOKEN_MEANS, matches, missing_input
 from klguard.guard.registry import GuardRule, rules
-from klguard.guard.signals import REF_KL, REF_KL_LOSS, VAL_METRIC
+from klguard.guard.signals import VAL_METRIC
 
 VAL = VAL_METRIC
-KL = (REF_KL, REF_KL_LOSS)
+KL = KL_TOKEN_MEANS  # the KL inputs, listed first
 STOPS = ("rollback", "pause")  # the actions that stop a watched run (exit 3); the others are advice
 
 
