@@ -84,9 +84,9 @@ def test_set_replaces_a_guard_threshold_and_a_bad_key_or_value_ends_with_one_lin
 
 
 def test_host_defaults_replay_the_guard_that_runs_on_a_hugging_face_model(tmp_path, capsys) -> None:
-    """A KL per sequence that rises from 0 (the policy starts at its reference): at the built-in model's defaults
-    kl_growth fires once its 10-step baseline is in; at the defaults every host uses on a Hugging Face model
-    (`baseline_settle` 10: the baseline is steps 11-20, already high) it does not."""
+    """A KL per sequence that rises from 0 (the policy starts at its reference): the defaults every host uses on a
+    Hugging Face model wait out other metrics' first 10 steps (`baseline_settle`), not the KL's (they are the rise
+    kl_growth measures), so both replays fire at the same step: baseline 2.75 (steps 1-10), x3 = 8.25 < 8.5 at 17."""
     runs = tmp_path / "runs" / "verl_default" / "seed1"
     runs.mkdir(parents=True)
     rows = [{"step": 0, VAL: 0.5}]
@@ -96,8 +96,7 @@ def test_host_defaults_replay_the_guard_that_runs_on_a_hugging_face_model(tmp_pa
     (runs / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (runs / "summary.json").write_text("{}")
     (runs / "config.yaml").write_text("guard:\n  enable: false\n")
-    for flags, fires in (([], True), (["--host-defaults"], False)):
+    for flags in ([], ["--host-defaults"]):
         assert onsets.main([str(tmp_path / "runs"), *flags]) == 0
         result = json.loads((tmp_path / "signal_onsets.json").read_text())
-        onset = result["runs"]["verl_default/seed1"]["onsets"]["kl_growth"]
-        assert (onset is not None) == fires, (flags, onset)
+        assert result["runs"]["verl_default/seed1"]["onsets"]["kl_growth"] == 17, flags

@@ -33,6 +33,16 @@ def test_kl_growth_needs_its_floor() -> None:
     assert d.metrics[11]["guard/hack_kl_growth"] == 1.0
 
 
+def test_kl_growth_baseline_takes_the_first_steps_where_others_settle() -> None:
+    """baseline_settle 10 (a Hugging Face model) keeps other metrics' first 10 steps out of their baselines, not the
+    KL per sequence's: it starts at 0 because the policy starts as its reference, and those steps are the rise."""
+    rising = {s: {"actor/kl_seq_sum": 0.5 * s} for s in range(1, 31)}  # median of steps 1-10: 2.75, x3 = 8.25
+    d = _run(rising, n=30, baseline_settle=10, robust_window=1, kl_growth_min=4.0)
+    fired = [s for s in range(1, 31) if d.metrics[s]["guard/hack_kl_growth"] == 1.0]
+    assert fired[0] == 17, fired  # 8.5 > 8.25 (a baseline of steps 11-20, median 7.75, would wait for 23.25: never)
+    assert d.guard._st.baselines["kl_seq"] == [0.5 * s for s in range(1, 11)]
+
+
 @pytest.mark.parametrize(("share", "fires"), [(0.26, True), (0.24, False)])
 def test_repetition_over_its_baseline(share: float, fires: bool) -> None:
     d = _run({11: {"hacking/repeated_ngram_share": share}})  # baseline 0.1 + rise 0.15

@@ -76,13 +76,16 @@ class Step:
         """The rule's own state (its declaration's `memory`), checkpointed with the guard."""
         return self.st.rules[rule]
 
-    def baseline(self, name: str, value: float | None) -> float | None:
+    def baseline(self, name: str, value: float | None, settle: bool = True) -> float | None:
         """The mean of baseline `name` once it is complete, collecting `value` while it is not (once a step, however
-        many rules ask)."""
+        many rules ask). `settle` False: the metric's first steps are not a transient to wait out but part of what
+        the baseline measures (a KL that starts at 0 because the policy starts as the reference); the window starts
+        at its first value, and the median still stands for the mean where ``baseline_settle`` > 0."""
         if name not in self._baselines:
             values = self.st.baselines.setdefault(name, [])
-            done = not self._collecting(name, values, value is not None)
-            if not done and value is not None and not self._settling(name):
+            skip = self.settle if settle else 0
+            done = not self._collecting(name, values, value is not None, skip)
+            if not done and value is not None and not self._settling(name, skip):
                 values.append(value)
             robust = self.settle > 0
             self._baselines[name] = None if not done else median(values) if robust else sum(values) / len(values)
@@ -107,28 +110,28 @@ class Step:
                 self._recent[metric] = median(values)
         return self._recent[metric]
 
-    def _settling(self, name: str) -> bool:
-        """Whether baseline `name` is in its metric's start-up (its first ``baseline_settle`` steps)."""
+    def _settling(self, name: str, skip: int) -> bool:
+        """Whether baseline `name` is in its metric's start-up (its first `skip` steps)."""
         start = self.st.baseline_start.get(name)
         step = self.st.last_step if self.st.last_step is not None else 0
-        return start is not None and step < start + self.settle
+        return start is not None and step < start + skip
 
     def score_baseline(self, name: str, mean: float | None, std: float | None) -> tuple[float, float] | None:
         """Like `baseline` for a score's (batch mean, batch std): their means once the baseline is complete."""
         if name not in self._baselines:
             values = self.st.baselines.setdefault(name, [])
             new = mean is not None and std is not None
-            done = not self._collecting(name, values, new)
+            done = not self._collecting(name, values, new, self.settle)
             if not done and new:
                 values.append([mean, std])
             self._baselines[name] = ((sum(v[0] for v in values) / len(values), sum(v[1] for v in values) / len(values))
                                      if done else None)
         return self._baselines[name]
 
-    def _collecting(self, name: str, values: list, new: bool) -> bool:
+    def _collecting(self, name: str, values: list, new: bool, skip: int) -> bool:
         """Whether baseline `name` still takes values at this step: until ``baseline_window`` values are in or as
-        many steps have passed since its first value's step. `new`: whether this step has a value (its step starts
-        the window when it is the first)."""
+        many steps have passed since its first value's step and the `skip` steps of its start-up. `new`: whether this
+        step has a value (its step starts the window when it is the first)."""
         size = self.cfg.baseline_window
         if len(values) >= size:
             return False
@@ -138,7 +141,7 @@ class Step:
             if new:
                 self.st.baseline_start[name] = step
             return True
-        return not values or step < start + self.settle + size
+        return not values or step < start + skip + size
 
     def rise(self, signal: str, metric: str, baseline: str, rise: float, what: str) -> Evidence | None:
         """`signal`: `metric` above its baseline (named `baseline`) + `rise`."""

@@ -1,5 +1,10 @@
 """kl_growth: `actor/kl_seq_sum` (the KL per sequence) above `kl_growth_factor` x its baseline and above
-`kl_growth_min` (the first steps' KL is near 0, so a ratio alone would fire on any learning)."""
+`kl_growth_min` (the first steps' KL is near 0, so a ratio alone would fire on any learning).
+
+The baseline takes the first steps even where ``baseline_settle`` keeps other metrics' start-up out: the KL starts
+at 0 because the policy starts as the reference, so its first steps are the rise the rule measures; a baseline taken
+after them (steps 11-20 on a Hugging Face model) is taken once a hacking run's KL is already high and 3x of it is
+never reached."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ NAME = "kl_growth"
 
 def measure(step: Step) -> Evidence | None:
     value, cfg = step.value(KL_SEQ_SUM), step.cfg
-    kl0 = step.baseline("kl_seq", value)
+    kl0 = step.baseline("kl_seq", value, settle=False)
     limit = None if kl0 is None else max(cfg.kl_growth_factor * kl0, cfg.kl_growth_min)
     return step.limit(NAME, KL_SEQ_SUM, value, limit, True, "KL per sequence")
 
