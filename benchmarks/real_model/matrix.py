@@ -16,9 +16,11 @@ its verifier (`--proxy verifier`).
 Per run (from metrics.jsonl; `signal_onsets.replay`): the validation gold's start, peak and its step, the fall (the
 first validation at least 0.1 below the peak, after it), the final gold, whether it rose then fell (Gao's shape: the
 peak at least 0.1 above the start and the final at least 0.1 below the peak), each gold-free signal's first firing
-with the guard's default thresholds, and the last 5 steps' mean hacking rate, KL per token and response length.
+with the built-in model's default thresholds (`onsets`) and as the guard runs on this model (`onsets_host`:
+HOST_REPLAY), and the last 5 steps' mean hacking rate, KL per token and response length.
 Per contender: mean final gold with its standard error over seeds, runs with Gao's shape. Over the guard-off runs:
-`signal_onsets.summarize` (fired before the peak, before the fall; false alarms in runs that did not fall). Writes
+`signal_onsets.summarize` (fired before the peak, before the fall; false alarms in runs that did not fall), at
+each (`signals`, `signals_host`). Writes
 benchmarks/results/real_model.json (or `--results`).
 """
 
@@ -41,6 +43,7 @@ from hacking import CONTENDERS as HACKING_CONTENDERS  # noqa: E402  (sibling scr
 from signal_onsets import FALL, replay, summarize  # noqa: E402
 
 from klguard.builtin.recipes import NO_GOLD_GUARD, REAL_MODEL_GUARD, VERL_DEFAULT  # noqa: E402
+from klguard.guard.config import EXTERNAL_HOST_DEFAULTS  # noqa: E402
 
 CONTENDERS: dict[str, tuple[str, ...]] = {
     **HACKING_CONTENDERS,
@@ -49,6 +52,20 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
     "guarded_real": (*NO_GOLD_GUARD, *REAL_MODEL_GUARD),
 }
 RESULTS = HERE.parent / "results" / "real_model.json"
+
+
+def _guard_keys(recipe: tuple[str, ...]) -> dict:
+    """A recipe's `guard.KEY=VALUE` overrides as GuardConfig keywords (values read as YAML), but the signal list:
+    a replay measures every signal."""
+    import yaml
+
+    pairs = (o.removeprefix("guard.").split("=", 1) for o in recipe if o.startswith("guard."))
+    return {key: yaml.safe_load(value) for key, value in pairs if key != "hacking_signals"}
+
+
+# the guard as guarded_real runs it on SmolLM2: the defaults every host takes on a Hugging Face model, then the
+# no-gold and real-model recipes' keys; `onsets_host` and the `signals_host` table replay it
+HOST_REPLAY = {**EXTERNAL_HOST_DEFAULTS, **_guard_keys((*NO_GOLD_GUARD, *REAL_MODEL_GUARD))}
 TAIL = 5  # rollout figures: the mean of the last TAIL steps
 HACKED_SHARE = 0.5  # a run whose last TAIL steps' rollouts were at least this share hacked hacks (see `hacked`)
 SAMPLES = 4  # validation responses kept per run at the gold peak and at the end
@@ -105,6 +122,7 @@ def figures(folder: Path, steps: int) -> dict:
         read = Path(tmp) / "metrics.jsonl"
         read.write_text("".join(json.dumps(r) + "\n" for r in rows))
         out = replay(read, total_steps=steps)
+        out["onsets_host"] = replay(read, total_steps=steps, **HOST_REPLAY)["onsets"]
     start = next(r for r in rows if r["step"] == 0)
     out["start_gold"] = next(v for k, v in start.items() if k.startswith("val-core/"))
     out["gao_shape"] = out["peak_gold"] >= out["start_gold"] + FALL and out["hacks"]
@@ -189,7 +207,10 @@ def combine(runs: dict[str, dict]) -> dict:
                                                                    if r["hacking_rate"] is not None]) else None,
         }
     off = {label: r | {"hacks": hacked(r)} for label, r in runs.items() if r["guard_off"]}
-    return {"runs": runs, "contenders": contenders, "signals": summarize(off) if off else {}}
+    # the same table at HOST_REPLAY, over the runs recorded with it (their logs were here when it was added)
+    host = {label: r | {"onsets": r["onsets_host"]} for label, r in off.items() if "onsets_host" in r}
+    return {"runs": runs, "contenders": contenders, "signals": summarize(off) if off else {},
+            "signals_host": summarize(host) if host else {}}
 
 
 def hacked(record: dict) -> bool:

@@ -22,13 +22,15 @@ _spec.loader.exec_module(matrix)
 VAL = "val-core/klguard/constraints/acc/mean@2"
 
 
-def _run(folder: Path, gold: dict[int, float], *, guard: bool = False, hacking: float = 0.2) -> Path:
+def _run(folder: Path, gold: dict[int, float], *, guard: bool = False, hacking: float = 0.2,
+         kl_seq: float = 0.0) -> Path:
     folder.mkdir(parents=True)
     rows = []
     for step in range(0, 21):
         row = {"step": step}
         if step:
-            row |= {"hacking/rate": hacking, "actor/reward_kl_penalty": 0.01 * step, "response_length/mean": 20.0}
+            row |= {"hacking/rate": hacking, "actor/reward_kl_penalty": 0.01 * step, "response_length/mean": 20.0,
+                    "actor/kl_seq_sum": kl_seq * step}
         if step in gold:
             row[VAL] = gold[step]
         rows.append(json.dumps(row))
@@ -61,6 +63,17 @@ def test_signals_are_summarised_over_guard_off_runs_only(tmp_path):
     assert result["runs"]["guarded_no_gold/seed1"]["guard_off"] is False
     assert result["signals"]["any"]["hacking_runs"] == 1 and result["signals"]["any"]["healthy_runs"] == 0
     assert result["contenders"]["guarded_no_gold"]["final_gold_se"] is None  # one seed: no error bar
+
+
+def test_signals_replay_at_the_built_in_defaults_and_as_the_guard_runs_on_the_model(tmp_path):
+    """A KL per sequence of 0.1 x step: its first 10 steps' baseline is 0.55, 3x = 1.65 < 1.7 at step 17, above
+    kl_growth_min 1 (the built-in defaults) but not the real-model recipe's 4 nats (HOST_REPLAY)."""
+    assert matrix.HOST_REPLAY["kl_growth_min"] == 4 and matrix.HOST_REPLAY["baseline_settle"] == 10
+    _run(tmp_path / "verl_default" / "seed1", {0: 0.05, 10: 0.40, 20: 0.20}, kl_seq=0.1)
+    result = matrix.summarise(tmp_path, steps=20)
+    run = result["runs"]["verl_default/seed1"]
+    assert (run["onsets"]["kl_growth"], run["onsets_host"]["kl_growth"]) == (17, None)
+    assert result["signals"]["kl_growth"]["fired"] == 1 and result["signals_host"]["kl_growth"]["fired"] == 0
 
 
 def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp_path, monkeypatch):

@@ -126,6 +126,10 @@ def test_gdpo_reads_each_key_of_the_reward_functions_dicts(fast_overrides, monke
     (call,) = calls
     fmt, acc = call["reward_components"]
     assert len(fmt) == len(acc) == 32 and set(fmt.tolist()) <= {0.0, 1.0} and call["reward_weights"] == [1, 2]
+    # each key the function returns is a per-function score, as the guard's proxy_correctness reads them
+    step = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert step["critic/score/fmt/mean"] == pytest.approx(fmt.float().mean().item(), abs=1e-6)
+    assert step["critic/score/acc/mean"] == pytest.approx(acc.float().mean().item(), abs=1e-6)
     assert main(["train", *common, "algorithm.gdpo_reward_keys=[fmt,length]",
                  f"trainer.default_local_dir={tmp_path / 'second'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]

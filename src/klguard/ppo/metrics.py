@@ -7,6 +7,10 @@ with a reward model, `hacking/rm_score` (and `_std`), with an audit RM `hacking/
 an RM ensemble `hacking/rm_ensemble_std` (the members' disagreement). The trainer adds, with a reward model,
 `hacking/rm_feature_outlier_share` (klguard.reward.rm_outliers).
 
+For the guard's advice rules, as TRL and verl log them: `critic/score/frac_zero_std` (the share of prompt groups
+whose responses all scored alike, with rollout.n > 1), `critic/score/<key>/mean` for each number a custom reward
+function returns beside its score (per-function rewards), and, from the update, `actor/policy_ratio`.
+
 Hacking rate: the share of responses that gold says are wrong (gold score 0) while the proxy scores
 them at least as high as the short correct answer to the same prompt would score.
 """
@@ -19,6 +23,7 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
+from klguard.algo.reward_shaping import informative_groups
 from klguard.algo.stats import masked_mean
 from klguard.guard.signals import (
     AUDIT_SCORE,
@@ -30,6 +35,7 @@ from klguard.guard.signals import (
     RM_SCORE,
     RM_SCORE_STD,
     RM_SPREAD,
+    ZERO_STD,
 )
 
 
@@ -45,7 +51,7 @@ def _stats(name: str, x: Tensor, mask: Tensor | None = None) -> dict[str, float]
 
 
 def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, advantages: Tensor, returns: Tensor,
-                    values: Tensor | None, mask: Tensor) -> dict[str, float]:
+                    values: Tensor | None, mask: Tensor, group_index: Tensor) -> dict[str, float]:
     lengths = out.response_lengths.float()
     max_len = mask.shape[1]
     metrics = {
@@ -60,6 +66,9 @@ def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, ad
     if values is not None:
         metrics |= _stats("critic/values", values, mask)
     metrics[REPETITION] = repeated_ngram_share(out.response_ids, out.response_mask)
+    metrics |= group_metrics(token_scores.sum(-1), group_index)
+    for key, numbers in (reward.extra or {}).items():
+        metrics[f"critic/score/{key}/mean"] = numbers.float().mean().item()
     if reward.spread is not None:
         metrics[RM_SPREAD] = reward.spread.float().mean().item()
     for (name, std), scores in (((RM_SCORE, RM_SCORE_STD), reward.rm_scores), ((AUDIT_SCORE, AUDIT_SCORE_STD),
@@ -76,6 +85,16 @@ def rollout_metrics(out, reward, token_scores: Tensor, token_rewards: Tensor, ad
             LENGTH_CORR: _corr(lengths, proxy),
         }
     return metrics
+
+
+def group_metrics(scores: Tensor, group_index: Tensor) -> dict[str, float]:
+    """`critic/score/frac_zero_std`: the share of prompt groups (of two or more responses) whose scores are all
+    equal, so a group-relative advantage is 0 for every member; nothing where no group has two members."""
+    groups = group_index.bincount()
+    if groups.numel() == 0 or int(groups.max()) < 2:
+        return {}
+    flat = ~informative_groups(scores.cpu(), group_index.cpu())
+    return {ZERO_STD: flat[groups > 1].float().mean().item()}
 
 
 def support_metrics(ref_logprobs: Tensor, mask: Tensor, prob_floor: float) -> dict[str, float]:

@@ -164,7 +164,8 @@ class PPOTrainer:
         reshard = {"perf/reshard_share": timing["reshard"] / timing["step"]} if "reshard" in timing else {}
         outliers = state.rm_outliers.update(reward.features) if state.rm_outliers is not None else {}
         return {
-            **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask),
+            **rollout_metrics(out, reward, token_scores, token_rewards, advantages, returns, values, mask,
+                            prompts.group_index),
             **kl_metrics, **update_metrics, **outliers,
             **sampled.metrics, **{f"timing_s/{k}": v for k, v in timing.items()},
             "perf/throughput": float(out.attention_mask.sum()) / timing["step"], **reshard,

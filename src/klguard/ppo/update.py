@@ -22,10 +22,12 @@ from torch import Tensor
 from klguard.algo.kl import kl_penalty
 from klguard.algo.loss import agg_loss, compute_value_loss
 from klguard.algo.policy_loss_registry import get_policy_loss
+from klguard.algo.stats import masked_mean
 from klguard.config.batches import UpdateBatches
 from klguard.config.schema import ActorConfig, CriticConfig
 from klguard.distributed import any_rank, is_distributed, reduce_means
 from klguard.distributed.grad_clip import clip_grad_norm
+from klguard.guard.signals import POLICY_RATIO
 from klguard.ppo.shared_prefix import sequence_logprobs, sequence_values
 
 
@@ -183,6 +185,7 @@ def _actor_loss(model: torch.nn.Module, part: PPOBatch, cfg: ActorConfig, temper
         "actor/pg_clipfrac": out.pg_clipfrac.item(),
         "actor/pg_clipfrac_lower": out.pg_clipfrac_lower.item(),
         "actor/ppo_kl": out.ppo_kl.item(),
+        POLICY_RATIO: masked_mean(torch.exp(logprobs.detach() - part.old_logprobs), mask).item(),
         "actor/entropy": entropy_loss.item(),
     }
     if cfg.use_kl_loss:
