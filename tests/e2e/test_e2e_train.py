@@ -16,7 +16,8 @@ from klguard.ppo import shared_prefix
 from tolerances import forward_terms, metric_tol
 
 REQUIRED_METRICS = [
-    "actor/ppo_kl", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/entropy",
+    "actor/ppo_kl", "actor/policy_ratio", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
+    "actor/entropy",
     "actor/grad_norm", "actor/lr", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff", "critic/vf_loss",
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "response_length/mean",
     "response_length/clip_ratio", "timing_s/gen", "timing_s/ref", "timing_s/update_actor", "timing_s/step",
