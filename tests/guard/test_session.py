@@ -398,3 +398,18 @@ def test_the_missing_validation_score_is_named_as_the_guard_reads_it() -> None:
         s.observe(step, QUIET)
     said = " ".join(c[1] for c in host.calls if c[0] == "say")
     assert "val_drop (val-aux/*/score/*)" in said and "val-core" not in said
+
+
+def test_the_step_that_rolls_back_logs_the_flags_its_rules_raised() -> None:
+    """A rollback clears the guard's alarms and signals for the steps after it; the rolled-back step's own row still
+    says that kl_hard and kl_growth (3x its baseline of 0.1, above the floor 0.2) fired there."""
+    s = session(FakeHost(checkpoints=set()), hacking_signals=["kl_growth"], hacking_action="none",
+                kl_growth_min=0.2)
+    rows = []
+    for step, metrics in steps({11: {**HARD, "actor/kl_seq_sum": 0.5}}, 12):
+        s.observe(step, metrics)
+        rows.append(s.guard_metrics())
+    assert rows[10]["guard/alarm_kl_hard"] == 1.0 and rows[10]["guard/hack_kl_growth"] == 1.0
+    assert rows[10]["guard/rollbacks"] == 1.0  # the state after the step's actions
+    assert rows[11]["guard/alarm_kl_hard"] == 0.0 and rows[11]["guard/hack_kl_growth"] == 0.0
+    assert not s.guard.guard_metrics()["guard/hack_kl_growth"]  # the guard itself was cleared by the rollback

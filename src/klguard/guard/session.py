@@ -51,6 +51,7 @@ HINTS: dict[str, str] = {
 
 DEFAULT_HINT = "adjust the {guard}* threshold named above"
 SESSION_KEYS = ("version", "guard", "stable", "pending")
+MEASURED_FLAGS = ("guard/alarm_", "guard/hack_", "guard/hacking_alarm")  # what a step's rules found
 """The keys of a session's state (and `kl_ctrl` where it owns the KL controller); the others belong to its host."""
 
 
@@ -72,6 +73,7 @@ class GuardSession:
         self.saving: int | None = None  # a checkpoint written during a step whose metrics have not come yet
         self.inputs_seen: set[str] | None = set()  # the metric names of the first steps (None: checked)
         self.input_steps = 0
+        self._measured: dict[str, float] = {}  # the last step's flags as its rules measured them (see guard_metrics)
         self._handlers: dict[str, Callable[[Action], None]] = {
             "warn": lambda action: None, "cut_lr": self._cut_lr, "raise_kl_coef": self._set_kl_coef,
             "freeze_kl_coef": self._set_kl_coef, "release_kl_coef": self._set_kl_coef,
@@ -91,7 +93,10 @@ class GuardSession:
 
     # ------------------------------------------------------------------ the step
     def guard_metrics(self) -> dict[str, float]:
-        return self.guard.guard_metrics()
+        """The guard's metrics after the last step's actions, with its alarm and signal flags as the step measured
+        them: a rollback clears the flags for the steps after it, and the step that rolled back still says which
+        rules fired in it (a signal that fired beside the rule that rolled back included)."""
+        return self.guard.guard_metrics() | self._measured
 
     def observe(self, step: int, metrics: Mapping[str, float], *, measured: bool = True) -> list[Action]:
         """Step `step`'s metrics: the guard's actions, applied in order and returned; then the pending checkpoint
@@ -99,6 +104,7 @@ class GuardSession:
         not skipped for a non-finite value)."""
         self._check_inputs(metrics)
         actions = self.guard.observe(step, metrics)
+        self._measured = {k: v for k, v in self.guard.guard_metrics().items() if k.startswith(MEASURED_FLAGS)}
         for action in actions:
             self.apply(action)
         calm = measured and self.guard.is_stable() and self.last_rollback_step != step

@@ -21,8 +21,8 @@ register(GuardRule(
     says=lambda c: (f"a metric's first {c.baseline_settle} steps go into no baseline; baselines are medians, each "
                     f"judged value the median of the last {c.robust_window}"),
     sees="a start-up transient taken for a baseline",
-    keys=(Key("baseline_settle", 0, "A metric's first steps that no baseline takes (a start-up transient; not the "
-              "KL per sequence's); above 0 baselines are medians",
+    keys=(Key("baseline_settle", 0, "A metric's first steps no baseline takes (start-up; not the KL per sequence's); "
+              "above 0 baselines are medians",
               at_least(0), external=10),
           Key("robust_window", 1, "Rules comparing a metric with its baseline judge the median of its last this many "
               "values", at_least(1), external=5)),
