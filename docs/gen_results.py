@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -270,12 +271,13 @@ def _text_cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def real_model_signals() -> str:
+def real_model_signals(key: str = "signals") -> str:
+    """The signal table at the built-in defaults (`signals`) or as the guard runs on the model (`signals_host`)."""
     data = load("real_model.json")
     rows = [[f"`{name}`" if name != "any" else "any of them", f"{s['fired']} / {s['hacking_runs']}",
              s["at_or_before_peak"], s["before_fall"],
              f"{_g(s['median_lead_over_peak'])} / {_g(s['median_lead_over_fall'])}",
-             f"{s['false_alarms']} / {s['healthy_runs']}"] for name, s in data["signals"].items()]
+             f"{s['false_alarms']} / {s['healthy_runs']}"] for name, s in data.get(key, {}).items()]
     return table(["signal", "fired / hacking runs", "at or before the peak", "before the fall",
                   "median lead over peak / fall", "false alarms / healthy runs"], rows)
 
@@ -636,6 +638,7 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "trl_real_model.md": ("benchmarks/results/trl_real_model.json", trl_real_model),
     "real_model_samples.md": ("benchmarks/results/real_model.json", real_model_samples),
     "real_model_signals.md": ("benchmarks/results/real_model.json", real_model_signals),
+    "real_model_signals_host.md": ("benchmarks/results/real_model.json", partial(real_model_signals, "signals_host")),
     "throughput.md": ("benchmarks/results/throughput.json", throughput),
     "scaling.md": ("benchmarks/results/throughput.json", scaling),
     "rollout_speed.md": ("benchmarks/results/rollout_speed.json", rollout_speed),
