@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from guard_streams import QUIET, make, steps
+from guard_streams import QUIET, Driver, make, seed_config, steps
+
+from klguard.guard import KLGuard
 
 HOT_PPO = {"actor/ppo_kl": 0.03}
 
@@ -238,3 +240,19 @@ def test_penalty_share_waits_a_cooldown_after_any_kl_coef_raise() -> None:
     raises = [s for s in d.log if "raise_kl_coef" in d.kinds(s)]
     assert raises == [3, 13]
     assert d.log[13][0].rule == "penalty_share"
+
+
+@pytest.mark.parametrize(("controlled", "factor", "kinds"), [(False, 2.0, ["raise_kl_coef"]),
+                                                              (False, 1.0, ["lower_target_kl"]),
+                                                              (True, 2.0, ["lower_target_kl"])])
+def test_a_spike_under_a_fixed_coefficient_can_raise_it(controlled: bool, factor: float, kinds: list) -> None:
+    """No controller chases target_kl under a fixed coefficient: with spike_kl_coef_factor > 1 the spike raises the
+    coefficient there (0.1 -> 0.2); with a controller, or at the default 1, it lowers target_kl as before."""
+    guard = KLGuard(seed_config(spike_kl_coef_factor=factor), total_steps=100, target_kl=0.015, kl_coef=0.1,
+                    kl_controlled=controlled)
+    d = Driver(guard, beta=0.1)
+    spike = {"actor/reward_kl_penalty": 0.031}
+    d.run(steps({6: spike}, 6))
+    assert d.fired() == {6: kinds}
+    if kinds == ["raise_kl_coef"]:
+        assert (d.log[6][0].old, d.log[6][0].new) == (0.1, pytest.approx(0.2)) and guard.kl_coef == pytest.approx(0.2)

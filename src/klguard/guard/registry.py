@@ -75,6 +75,7 @@ class GuardRule:
     says: Callable[[Any], str]  # what it does, with the config's values (watch's rules line, the docs' table)
     sees: str  # the failure it catches, for the summary of a log it has no input in
     actions: tuple[str, ...] = ()  # the action kinds it asks for (a signal: those of guard.hacking_action)
+    advisory: bool | None = None  # an alarm that says nothing against the weights (None: its actions tell)
     keys: tuple[Key, ...] = ()
     optional: tuple[str, ...] = ()  # metrics it reads when a step has them
     needs_gold: bool = False
@@ -177,8 +178,10 @@ def default_signals() -> list[str]:
 
 
 def advisory_alarms() -> set[str]:
-    """The alarms whose every action is in ADVISORY_ACTIONS (they leave a checkpoint stable)."""
-    return {r.name for r in rules("alarm") if r.actions and set(r.actions) <= ADVISORY_ACTIONS}
+    """The alarms whose every action is in ADVISORY_ACTIONS, or that declare themselves advisory (they leave a
+    checkpoint stable)."""
+    return {r.name for r in rules("alarm")
+            if (r.advisory if r.advisory is not None else bool(r.actions) and set(r.actions) <= ADVISORY_ACTIONS)}
 
 
 def rollback_rules() -> tuple[str, ...]:
