@@ -100,8 +100,20 @@ def train(args: argparse.Namespace, contender: str, seed: int) -> int:
     print(" ".join(command), flush=True)
     log = folder.with_name(folder.name + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
+    folder.with_name(folder.name + ".machine.json").write_text(json.dumps(machine()) + "\n")
     with log.open("a" if resume else "w") as fh:
         return subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def machine() -> dict:
+    """This process's CPU, cores and threads a run (OMP_NUM_THREADS, which the run inherits)."""
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS")}
+
+
+def run_machine(folder: Path) -> dict:
+    """The machine a run trained on, as `train` wrote it beside the run; a run trained otherwise: this process's."""
+    path = folder.with_name(folder.name + ".machine.json")
+    return json.loads(path.read_text()) if path.is_file() else machine()
 
 
 def checkpointing(recipe: tuple[str, ...]) -> list[str]:
@@ -287,9 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     result = summarise(args.out, args.steps)
     if not result["runs"]:
         sys.exit(f"{args.out}: no finished run (summary.json) under <contender>/seed<N>/")
-    machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS")}
-    for record in result["runs"].values():
-        record["machine"] = machine
+    for label, record in result["runs"].items():
+        record["machine"] = run_machine(args.out / label)
     if args.add:
         result = combine(load_results(args.results, args) | result["runs"])
     result |= {"task": "constraints", "proxy": args.proxy, "steps": args.steps, "lr": args.lr}

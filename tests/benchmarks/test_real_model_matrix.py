@@ -85,7 +85,11 @@ def test_an_unfinished_run_is_left_out_and_a_run_command_names_the_contender(tmp
     monkeypatch.setattr(matrix.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or argparse.Namespace(
         returncode=0))
     args = argparse.Namespace(out=tmp_path, steps=20, lr=3e-5, proxy="learned_rm", overrides=["x=1"], resume=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert matrix.train(args, "gold_optimised", 3) == 0
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the summarising process's threads are not the run's
+    assert matrix.run_machine(tmp_path / "gold_optimised" / "seed3")["threads"] == "1"
+    assert matrix.run_machine(tmp_path / "verl_default" / "seed1")["threads"] == "2"  # trained otherwise: ours
     command = calls[0]
     assert command[command.index("--base") + 1] == "shipped" and "--learned-rm" in command
     assert "proxy_reward.enable=false" in command and command[-1] == "x=1"
