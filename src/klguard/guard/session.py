@@ -51,8 +51,8 @@ HINTS: dict[str, str] = {
 
 DEFAULT_HINT = "adjust the {guard}* threshold named above"
 SESSION_KEYS = ("version", "guard", "stable", "pending")
-MEASURED_FLAGS = ("guard/alarm_", "guard/hack_", "guard/hacking_alarm")  # what a step's rules found
 """The keys of a session's state (and `kl_ctrl` where it owns the KL controller); the others belong to its host."""
+MEASURED_FLAGS = ("guard/alarm_", "guard/hack_", "guard/hacking_alarm")  # what a step's rules found
 
 
 class GuardSession:
